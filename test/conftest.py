@@ -1,0 +1,31 @@
+"""Shared test set-up: run op tests on every available device, seed everything, find the data."""
+from __future__ import annotations
+import os
+import pathlib
+import numpy as np
+import pytest
+from tinychad import Tensor
+from tinychad.device import Device
+
+# tests never touch the network: the shared MNIST copy sits next to the repository
+_SHARED_MNIST = pathlib.Path(__file__).resolve().parents[2] / "shared" / "datasets" / "mnist"
+if "TINYCHAD_DATA" not in os.environ and _SHARED_MNIST.exists():
+  os.environ["TINYCHAD_DATA"] = str(_SHARED_MNIST)
+
+ALL_DEVICES = [name for name in ("NUMPY", "CPU", "LLVM") if Device.available(name)]
+
+
+@pytest.fixture(params=ALL_DEVICES)
+def each_device(request):
+  """Makes the test run once per device, with that device as the default."""
+  previous = Device.DEFAULT
+  Device.DEFAULT = request.param
+  yield request.param
+  Device.DEFAULT = previous
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+  Tensor.manual_seed(0)
+  np.random.seed(0)
+  yield

@@ -1,0 +1,118 @@
+"""Kernel counts: what the scheduler fuses, and what it realizes once."""
+from __future__ import annotations
+import numpy as np
+from tinychad import Tensor, GlobalCounters
+from tinychad.ops import LoadOps, ReduceOps
+
+
+def kernels(*tensors: Tensor) -> int:
+  GlobalCounters.reset()
+  Tensor.realize(*tensors)
+  return GlobalCounters.kernel_count
+
+
+def rand(*shape) -> Tensor: return Tensor.randn(*shape).realize()
+
+
+def test_elementwise_chain_is_one_kernel():
+  a, b, c = rand(16, 16), rand(16, 16), rand(16, 16)
+  out = ((a * b) + c).relu()
+  assert len(out.schedule()) == 1
+  assert kernels(out) == 1
+  np.testing.assert_allclose(out.numpy(), np.maximum(a.numpy() * b.numpy() + c.numpy(), 0), rtol=1e-6)
+
+
+def test_reduce_fuses_its_inputs():
+  a, b = rand(8, 32), rand(8, 32)
+  out = (a * b).sum(1)
+  assert kernels(out) == 1
+  np.testing.assert_allclose(out.numpy(), (a.numpy() * b.numpy()).sum(1), rtol=1e-5)
+
+
+def test_elementwise_after_reduce_fuses():
+  a = rand(8, 32)
+  out = (a.sum(1) * 2 + 1).relu()
+  assert kernels(out) == 1
+  np.testing.assert_allclose(out.numpy(), np.maximum(a.numpy().sum(1) * 2 + 1, 0), rtol=1e-5)
+
+
+def test_reduce_of_reduce_is_two_kernels():
+  a = rand(8, 32)
+  assert kernels(a.sum(1).exp().sum(0)) == 2
+
+
+def test_movement_ops_never_copy():
+  x, y = rand(4, 6), rand(3, 2, 4, 5)
+  moved = x.reshape(2, 3, 4).permute(1, 0, 2).reshape(3, 2, 4, 1).expand(3, 2, 4, 5)
+  out = moved + y
+  schedule = out.schedule()
+  assert len(schedule) == 1
+  assert not any(item.ast.op is LoadOps.CONTIGUOUS for item in schedule)
+  assert {inp for inp in schedule[0].inputs} == {x.lazydata.base, y.lazydata.base}
+  expected = x.numpy().reshape(2, 3, 4).transpose(1, 0, 2).reshape(3, 2, 4, 1) + y.numpy()
+  np.testing.assert_allclose(out.numpy(), expected, rtol=1e-6)
+
+
+def test_padding_and_shrinking_stay_views():
+  x = rand(5, 5)
+  out = x.pad(((1, 1), (2, 0)))[1:, ::2].flip(0) * 3
+  assert kernels(out) == 1
+  expected = np.pad(x.numpy(), ((1, 1), (2, 0)))[1:, ::2][::-1] * 3
+  np.testing.assert_allclose(out.numpy(), expected, rtol=1e-6)
+
+
+def test_softmax_is_at_most_three_kernels():
+  x = rand(16, 32)
+  out = x.softmax(1)
+  assert kernels(out) <= 3
+  e = np.exp(x.numpy() - x.numpy().max(1, keepdims=True))
+  np.testing.assert_allclose(out.numpy(), e / e.sum(1, keepdims=True), rtol=1e-5)
+
+
+def test_tensor_used_twice_is_computed_once():
+  x, w = rand(8, 16), rand(16, 4)
+  shared = x @ w                    # a reduce: recomputing it would double the work
+  left, right = shared + 1, shared * 2
+  assert kernels(left, right) == 3  # shared once, then each consumer
+  assert left.schedule() == []      # realized tensors schedule nothing
+
+
+def test_expensive_elementwise_used_twice_is_realized_once():
+  x = rand(64)
+  shared = x.exp().sin().exp().cos().exp().sin().log().exp().sqrt().exp()
+  left, right = shared.sum(), shared * 3
+  assert len(left.schedule()) == 1   # alone, the chain fuses into the reduce
+  assert kernels(left, right) == 3
+
+
+def test_cheap_elementwise_used_twice_is_recomputed():
+  x = rand(64)
+  shared = x * 2
+  assert kernels(shared.sum(), shared + 1) == 2
+
+
+def test_schedule_does_not_run():
+  x = rand(4, 4)
+  out = (x + 1).sum()
+  GlobalCounters.reset()
+  items = out.schedule()
+  assert GlobalCounters.kernel_count == 0 and out.lazydata.base.realized is None
+  assert [type(item.ast.srcs[0].op) for item in items] == [ReduceOps]
+  assert items[0].name == "r_4_4"
+
+
+def test_global_counters_count_flops_and_bytes():
+  a, b = rand(32, 32), rand(32, 32)
+  GlobalCounters.reset()
+  (a + b).realize()
+  assert GlobalCounters.kernel_count == 1
+  assert GlobalCounters.global_ops == 32 * 32
+  assert GlobalCounters.global_mem == 3 * 32 * 32 * 4
+
+
+def test_get_buffers_lists_inputs_and_outputs():
+  a, b = rand(2, 3), rand(3, 4)
+  out = (a @ b).relu()
+  buffers = out.get_buffers()
+  assert ("input", (2, 3), "float32") in buffers and ("input", (3, 4), "float32") in buffers
+  assert buffers[-1][0] == "output"

@@ -1,0 +1,103 @@
+"""Devices and their memory.
+
+in: a device name ("NUMPY", "CPU", "LLVM", optionally "CPU:0")  ->  out: the device object that runs
+kernels, and Buffers of host memory. All our devices live on the host, so a Buffer is a 64-byte
+aligned numpy array underneath; devices differ only in how they run a kernel.
+"""
+from __future__ import annotations
+import importlib
+import os
+import shutil
+import numpy as np
+from tinychad.dtype import DType
+
+
+def _aligned_empty(size: int, dtype: DType, alignment: int = 64) -> np.ndarray:
+  nbytes = max(size * dtype.itemsize, 1)
+  raw = np.empty(nbytes + alignment, dtype=np.uint8)
+  start = (-raw.ctypes.data) % alignment
+  return raw[start:start + size * dtype.itemsize].view(dtype.np)
+
+
+class Buffer:
+  """`size` elements of `dtype` in host memory for `device`."""
+  def __init__(self, device: str, size: int, dtype: DType):
+    self.device, self.size, self.dtype = device, size, dtype
+    self._data: np.ndarray | None = None
+
+  def __repr__(self) -> str: return f"<Buffer {self.device} {self.size} {self.dtype.name}>"
+
+  @property
+  def nbytes(self) -> int: return self.size * self.dtype.itemsize
+
+  def allocate(self) -> Buffer:
+    if self._data is None: self._data = _aligned_empty(self.size, self.dtype)
+    return self
+
+  def copyin(self, array: np.ndarray) -> Buffer:
+    self.allocate()
+    self._data[:] = array.reshape(-1)
+    return self
+
+  def as_numpy(self) -> np.ndarray:
+    """The buffer's memory as a flat numpy array (no copy)."""
+    self.allocate()
+    return self._data
+
+
+class _DeviceRegistry:
+  """`Device["CPU"]` gives the device object; `Device.DEFAULT` is the default device's name."""
+  _modules = {"NUMPY": "tinychad.runtime.ops_numpy", "CPU": "tinychad.runtime.ops_cpu", "LLVM": "tinychad.runtime.ops_llvm"}
+
+  def __init__(self):
+    self._devices: dict = {}
+    self._default: str | None = None
+
+  @staticmethod
+  def canonicalize(name: str | None) -> str:
+    if name is None: return Device.DEFAULT
+    base = name.split(":")[0].upper()
+    if base in ("CLANG", "C"): base = "CPU"
+    if base not in _DeviceRegistry._modules:
+      raise ValueError(f"unknown device {name!r}; devices are {sorted(_DeviceRegistry._modules)}")
+    return base
+
+  def __getitem__(self, name: str):
+    name = self.canonicalize(name)
+    if name not in self._devices:
+      module = importlib.import_module(self._modules[name])
+      self._devices[name] = module.device_class()(name)
+    return self._devices[name]
+
+  @property
+  def DEFAULT(self) -> str:
+    if self._default is None: self._default = self._pick_default()
+    return self._default
+
+  @DEFAULT.setter
+  def DEFAULT(self, name: str) -> None: self._default = self.canonicalize(name)
+
+  def _pick_default(self) -> str:
+    if os.getenv("DEVICE"): return self.canonicalize(os.environ["DEVICE"])
+    if os.getenv("LLVM", "0") not in ("0", ""): return "LLVM"
+    for name in ("CPU", "LLVM"):
+      if name in self._modules and self.available(name): return name
+    return "NUMPY"
+
+  def available(self, name: str) -> bool:
+    try:
+      module = importlib.import_module(self._modules[name])
+    except ImportError:
+      return False
+    return module.device_class().available()
+
+
+Device = _DeviceRegistry()
+
+
+def find_c_compiler() -> str | None:
+  """`CC` from the environment, else clang, else gcc."""
+  if os.getenv("CC"): return os.environ["CC"]
+  for cc in ("clang", "gcc", "cc"):
+    if shutil.which(cc): return cc
+  return None

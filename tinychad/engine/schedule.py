@@ -1,0 +1,218 @@
+"""The scheduler: a lazy graph becomes an ordered list of kernels.
+
+in: the LazyBuffers to realize
+out: ScheduleItems, dependencies first. Each is one kernel tree (loads with views -> ALU ops -> at most
+     one reduce -> ALU ops -> store) plus the buffers it reads and writes.
+Fusion rules, in order:
+  - a base that is already realized, a load op (COPY, EMPTY, CONTIGUOUS) or used more than once is
+    its own kernel (so a tensor used twice is computed once), except a cheap elementwise base (a few
+    ALU ops over realized inputs, no reduce): re-reading its inputs costs less than writing it to
+    memory and reading it back, so each consumer recomputes it (softmax's exp is one);
+  - an elementwise base read by exactly one consumer is inlined into that consumer's kernel, its views
+    composed with the consumer's (no copy), unless the view pads (padding reads zeros, and the op
+    may not map zero to zero);
+  - a reduce is inlined into its single elementwise consumer when that consumer reads it through a
+    plain contiguous view; then the consumer runs in the reduce's output space;
+  - a kernel holds at most one reduce; any other reduce it needs is realized first.
+"""
+from __future__ import annotations
+from collections import Counter
+from dataclasses import dataclass
+import time
+from tinychad.helpers import DEBUG, GlobalCounters, prod
+from tinychad.lazy import LazyBuffer
+from tinychad.ops import BufferOps, KernelNode, LoadOps, ReduceOps, ALU_OPS
+from tinychad.view import ShapeTracker
+
+
+@dataclass
+class ScheduleItem:
+  ast: KernelNode                  # STORE root for compute kernels; a LoadOps node for EMPTY / COPY
+  output: LazyBuffer               # the base this item realizes
+  inputs: tuple[LazyBuffer, ...]   # bases read, as LOAD buffer numbers 1..n
+
+  @property
+  def is_kernel(self) -> bool: return self.ast.op is BufferOps.STORE
+
+  @property
+  def full_shape(self) -> tuple[int, ...]:
+    """The iteration space: the reduce's input shape, else the output shape."""
+    reduce = next((n for n in self.ast.walk() if isinstance(n.op, ReduceOps)), None)
+    return reduce.arg[1] if reduce is not None else self.ast.arg[1].shape
+
+  @property
+  def name(self) -> str:
+    if not self.is_kernel: return self.ast.op.name.lower()
+    reduce = next((n for n in self.ast.walk() if isinstance(n.op, ReduceOps)), None)
+    if reduce is None: return "E_" + "_".join(str(s) for s in self.output.shape if s != 1) if self.output.size != 1 else "E_1"
+    full, axes = reduce.arg[1], reduce.arg[0]
+    kept = [str(s) for i, s in enumerate(full) if i not in axes and s != 1]
+    reduced = [str(s) for i, s in enumerate(full) if i in axes]
+    return "r_" + "_".join(kept + reduced)
+
+  def __repr__(self) -> str: return f"<ScheduleItem {self.name} -> {self.output.shape} {self.output.dtype.name}>"
+
+
+class _Scheduler:
+  def __init__(self, outs: list[LazyBuffer]):
+    self.targets = {o.base for o in outs}
+    self.items: list[ScheduleItem] = []
+    self.scheduled: set[LazyBuffer] = set()
+    self.forced: set[LazyBuffer] = set()
+    self.uses: Counter = Counter()
+    self._cheap_memo: dict[LazyBuffer, bool] = {}
+    self._count_uses([o.base for o in outs])
+
+  def _count_uses(self, roots: list[LazyBuffer]) -> None:
+    seen, stack = set(), list(roots)
+    while stack:
+      base = stack.pop()
+      if base in seen or base.realized is not None: continue
+      seen.add(base)
+      for src in base.srcs:
+        self.uses[src.base] += 1
+        stack.append(src.base)
+
+  def must_realize(self, base: LazyBuffer) -> bool:
+    if base.realized is not None or base in self.targets or base in self.forced: return True
+    if base.op is LoadOps.CONST: return False
+    return isinstance(base.op, LoadOps) or (self.uses[base] > 1 and not self._cheap(base))
+
+  CHEAP_OPS = 8   # ALU ops an elementwise base may have and still be recomputed by each consumer
+
+  def _cheap(self, base: LazyBuffer) -> bool:
+    if base not in self._cheap_memo:
+      self._cheap_memo[base] = self._count_fused_ops(base, self.CHEAP_OPS) is not None
+    return self._cheap_memo[base]
+
+  def _count_fused_ops(self, base: LazyBuffer, budget: int) -> int | None:
+    """ALU ops in the part of base's graph a kernel would inline; None if over budget or a reduce is inlined."""
+    if isinstance(base.op, ReduceOps) or isinstance(base.op, LoadOps): return None
+    used = 1
+    for src in base.srcs:
+      child = src.base
+      if child.realized is not None or child.op is LoadOps.CONST or self.must_realize(child): continue
+      if isinstance(child.op, ReduceOps) and not _plain(src.st, child): continue   # it will be loaded
+      if src.st.has_mask: return None
+      more = self._count_fused_ops(child, budget - used)
+      if more is None: return None
+      used += more
+    return used if used <= budget else None
+
+  def realize(self, base: LazyBuffer) -> None:
+    """Schedule the kernel that computes `base` (after everything it needs)."""
+    if base.realized is not None or base in self.scheduled: return
+    self.scheduled.add(base)
+    if base.op is LoadOps.EMPTY:
+      self.items.append(ScheduleItem(KernelNode(LoadOps.EMPTY), base, ()))
+    elif base.op is LoadOps.COPY:
+      src = base.srcs[0].base
+      self.realize(src)
+      self.items.append(ScheduleItem(KernelNode(LoadOps.COPY), base, (src,)))
+    else:
+      builder = _KernelBuilder(self, base)
+      ast = builder.kernel()
+      self.items.append(ScheduleItem(ast, base, tuple(builder.inputs)))
+
+
+class _KernelBuilder:
+  """Builds one kernel tree for `output`, inlining what the fusion rules allow."""
+  def __init__(self, scheduler: _Scheduler, output: LazyBuffer):
+    self.scheduler, self.output = scheduler, output
+    self.inputs: list[LazyBuffer] = []
+    self.fused_reduce: LazyBuffer | None = None
+
+  def kernel(self) -> KernelNode:
+    out = self.output
+    if isinstance(out.op, ReduceOps):
+      self.fused_reduce = out
+      body = self.reduce_node(out)
+    elif out.op is LoadOps.CONTIGUOUS:
+      body = self.build(out.srcs[0], None)
+    else:
+      body = KernelNode(out.op, tuple(self.build(s, None) for s in out.srcs), out.arg, out.dtype)
+    out_shape = out.shape
+    if self.fused_reduce is not None and self.fused_reduce is not out:
+      # the consumer of a fused reduce runs in the reduce's output space
+      out_shape = self.fused_reduce.shape
+      body = _reshape_outside_reduce(body, out_shape)
+    return KernelNode(BufferOps.STORE, (body,), (0, ShapeTracker.from_shape(out_shape)), out.dtype)
+
+  def reduce_node(self, base: LazyBuffer) -> KernelNode:
+    src = self.build(base.srcs[0], None)
+    return KernelNode(base.op, (src,), (base.arg, base.srcs[0].shape), base.dtype)
+
+  def load(self, base: LazyBuffer, st: ShapeTracker) -> KernelNode:
+    self.scheduler.realize(base)
+    if base not in self.inputs: self.inputs.append(base)
+    return KernelNode(BufferOps.LOAD, (), (self.inputs.index(base) + 1, st), base.dtype)
+
+  def force_load(self, base: LazyBuffer, st: ShapeTracker) -> KernelNode:
+    self.scheduler.forced.add(base)
+    return self.load(base, st)
+
+  def build(self, lb: LazyBuffer, outer: ShapeTracker | None) -> KernelNode:
+    """The node that reads `lb` at the kernel's index; `outer` maps kernel indices into lb's shape."""
+    st = lb.st if outer is None else lb.st + outer
+    base = lb.base
+    if base.realized is None and base.op is LoadOps.CONST:
+      return KernelNode(BufferOps.CONST, (), (base.arg, st), base.dtype)
+    if self.scheduler.must_realize(base): return self.load(base, st)
+    if isinstance(base.op, ReduceOps):
+      if self.fused_reduce is None and _plain(st, base):
+        self.fused_reduce = base
+        return self.reduce_node(base)
+      return self.force_load(base, st)
+    if st.has_mask: return self.force_load(base, st)
+    srcs = tuple(self.build(s, st) for s in base.srcs)
+    if base.op is LoadOps.CONTIGUOUS: return srcs[0]
+    return KernelNode(base.op, srcs, base.arg, base.dtype)
+
+
+def _plain(st: ShapeTracker, base: LazyBuffer) -> bool:
+  """True when `st` reads all of base's buffer in order (a reshape at most)."""
+  return st.contiguous and prod(st.shape) == base.size
+
+
+def _reshape_outside_reduce(node: KernelNode, shape: tuple[int, ...]) -> KernelNode:
+  if isinstance(node.op, ReduceOps): return node
+  if node.op in (BufferOps.LOAD, BufferOps.CONST):
+    return KernelNode(node.op, (), (node.arg[0], node.arg[1].reshape(shape)), node.dtype)
+  return KernelNode(node.op, tuple(_reshape_outside_reduce(s, shape) for s in node.srcs), node.arg, node.dtype)
+
+
+def create_schedule(outs: list[LazyBuffer]) -> list[ScheduleItem]:
+  scheduler = _Scheduler(outs)
+  for out in outs:
+    if out.base.op is not LoadOps.CONST or out.base in scheduler.targets: scheduler.realize(out.base)
+  return scheduler.items
+
+
+def run_schedule(items: list[ScheduleItem]) -> None:
+  from tinychad.device import Buffer, Device
+  start = time.perf_counter()
+  kernels = 0
+  for item in items:
+    out = item.output
+    buf = Buffer(out.device, out.size, out.dtype).allocate()
+    if item.ast.op is LoadOps.COPY:
+      buf.copyin(item.inputs[0].realized.as_numpy())
+    elif item.is_kernel and out.size > 0:
+      t0 = time.perf_counter()
+      Device[out.device].exec(item, [buf] + [i.realized for i in item.inputs])
+      elapsed = time.perf_counter() - t0
+      kernels += 1
+      _count(item, elapsed)
+      if DEBUG() >= 2: print(f"  kernel {GlobalCounters.kernel_count:4d} {item.name:30s} {out.device:6s} {elapsed*1e6:9.1f} us")
+    out.realized, out.srcs = buf, ()
+  if DEBUG() >= 1 and items:
+    elapsed = time.perf_counter() - start
+    print(f"realize: {len(items)} items, {kernels} kernels, {elapsed*1e3:.2f} ms")
+
+
+def _count(item: ScheduleItem, elapsed: float) -> None:
+  ops = sum(1 for n in item.ast.walk() if isinstance(n.op, ALU_OPS) or isinstance(n.op, ReduceOps))
+  GlobalCounters.kernel_count += 1
+  GlobalCounters.global_ops += ops * prod(item.full_shape)
+  GlobalCounters.global_mem += item.output.size * item.output.dtype.itemsize + sum(i.size * i.dtype.itemsize for i in item.inputs)
+  GlobalCounters.time_sum_s += elapsed

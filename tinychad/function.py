@@ -1,0 +1,247 @@
+"""Autograd on the primitives: each Function has its forward and its backward side by side.
+
+in: LazyBuffers (from Tensor.lazydata)  ->  out: a LazyBuffer, and in backward the gradients of the inputs.
+The Tensor front end (tensor.py) composes every other op from these, so these are all the backward
+rules the framework has.
+"""
+from __future__ import annotations
+import math
+from tinychad.lazy import LazyBuffer
+from tinychad.ops import UnaryOps, BinaryOps, TernaryOps, ReduceOps
+
+
+class Function:
+  def __init__(self, *tensors):
+    self.needs_input_grad = [t.requires_grad for t in tensors]
+    self.requires_grad = True if any(self.needs_input_grad) else None if None in self.needs_input_grad else False
+    if self.requires_grad: self.parents = tensors
+
+  def backward(self, *args, **kwargs): raise RuntimeError(f"{type(self).__name__} has no gradient")
+
+  @classmethod
+  def apply(cls, *tensors, **kwargs):
+    from tinychad.tensor import Tensor
+    ctx = cls(*tensors)
+    out = Tensor(ctx.forward(*[t.lazydata for t in tensors], **kwargs), requires_grad=ctx.requires_grad)
+    if ctx.requires_grad and not Tensor.no_grad: out._ctx = ctx
+    return out
+
+
+def _bool_to(x: LazyBuffer, like: LazyBuffer) -> LazyBuffer: return x.cast(like.dtype)
+
+
+# ---- load-like ----
+class Contiguous(Function):
+  def forward(self, x: LazyBuffer) -> LazyBuffer: return x.contiguous()
+  def backward(self, grad: LazyBuffer) -> LazyBuffer: return grad
+
+
+class Cast(Function):
+  def forward(self, x: LazyBuffer, dtype) -> LazyBuffer:
+    self.input_dtype = x.dtype
+    return x.cast(dtype)
+  def backward(self, grad: LazyBuffer) -> LazyBuffer: return grad.cast(self.input_dtype)
+
+
+# ---- unary ----
+class Neg(Function):
+  def forward(self, x: LazyBuffer) -> LazyBuffer: return x.e(UnaryOps.NEG)
+  def backward(self, grad: LazyBuffer) -> LazyBuffer: return grad.e(UnaryOps.NEG)
+
+
+class Reciprocal(Function):
+  def forward(self, x: LazyBuffer) -> LazyBuffer:
+    self.ret = x.e(UnaryOps.RECIP)
+    return self.ret
+  def backward(self, grad: LazyBuffer) -> LazyBuffer:
+    return grad.e(UnaryOps.NEG).e(BinaryOps.MUL, self.ret).e(BinaryOps.MUL, self.ret)
+
+
+class Sin(Function):
+  def forward(self, x: LazyBuffer) -> LazyBuffer:
+    self.x = x
+    return x.e(UnaryOps.SIN)
+  def backward(self, grad: LazyBuffer) -> LazyBuffer:
+    cos = self.x.const_like(math.pi / 2).e(BinaryOps.SUB, self.x).e(UnaryOps.SIN)
+    return cos.e(BinaryOps.MUL, grad)
+
+
+class Relu(Function):
+  def forward(self, x: LazyBuffer) -> LazyBuffer:
+    self.ret = x.e(BinaryOps.MAX, x.const_like(0))
+    return self.ret
+  def backward(self, grad: LazyBuffer) -> LazyBuffer:
+    return _bool_to(self.ret.const_like(0).e(BinaryOps.CMPLT, self.ret), grad).e(BinaryOps.MUL, grad)
+
+
+class Log(Function):
+  def forward(self, x: LazyBuffer) -> LazyBuffer:
+    self.x = x
+    return x.e(UnaryOps.LOG2).e(BinaryOps.MUL, x.const_like(math.log(2)))
+  def backward(self, grad: LazyBuffer) -> LazyBuffer: return grad.e(BinaryOps.DIV, self.x)
+
+
+class Exp(Function):
+  def forward(self, x: LazyBuffer) -> LazyBuffer:
+    self.ret = x.e(BinaryOps.MUL, x.const_like(1 / math.log(2))).e(UnaryOps.EXP2)
+    return self.ret
+  def backward(self, grad: LazyBuffer) -> LazyBuffer: return self.ret.e(BinaryOps.MUL, grad)
+
+
+class Sqrt(Function):
+  def forward(self, x: LazyBuffer) -> LazyBuffer:
+    self.ret = x.e(UnaryOps.SQRT)
+    return self.ret
+  def backward(self, grad: LazyBuffer) -> LazyBuffer:
+    return grad.e(BinaryOps.DIV, self.ret.e(BinaryOps.MUL, self.ret.const_like(2)))
+
+
+class Sigmoid(Function):
+  def forward(self, x: LazyBuffer) -> LazyBuffer:
+    exp_neg = x.e(BinaryOps.MUL, x.const_like(-1 / math.log(2))).e(UnaryOps.EXP2)
+    self.ret = x.const_like(1).e(BinaryOps.DIV, x.const_like(1).e(BinaryOps.ADD, exp_neg))
+    return self.ret
+  def backward(self, grad: LazyBuffer) -> LazyBuffer:
+    one_minus = self.ret.const_like(1).e(BinaryOps.SUB, self.ret)
+    return self.ret.e(BinaryOps.MUL, one_minus).e(BinaryOps.MUL, grad)
+
+
+class Trunc(Function):
+  """Rounds toward zero; its gradient is zero almost everywhere, as in PyTorch."""
+  def forward(self, x: LazyBuffer) -> LazyBuffer:
+    self.x = x
+    return x.e(UnaryOps.TRUNC)
+  def backward(self, grad: LazyBuffer) -> LazyBuffer: return grad.const_like(0)
+
+
+# ---- binary (inputs already broadcast to one shape and cast to one dtype) ----
+class Add(Function):
+  def forward(self, x: LazyBuffer, y: LazyBuffer) -> LazyBuffer: return x.e(BinaryOps.ADD, y)
+  def backward(self, grad: LazyBuffer):
+    return grad if self.needs_input_grad[0] else None, grad if self.needs_input_grad[1] else None
+
+
+class Sub(Function):
+  def forward(self, x: LazyBuffer, y: LazyBuffer) -> LazyBuffer: return x.e(BinaryOps.SUB, y)
+  def backward(self, grad: LazyBuffer):
+    return grad if self.needs_input_grad[0] else None, grad.e(UnaryOps.NEG) if self.needs_input_grad[1] else None
+
+
+class Mul(Function):
+  def forward(self, x: LazyBuffer, y: LazyBuffer) -> LazyBuffer:
+    self.x, self.y = x, y
+    return x.e(BinaryOps.MUL, y)
+  def backward(self, grad: LazyBuffer):
+    return (self.y.e(BinaryOps.MUL, grad) if self.needs_input_grad[0] else None,
+            self.x.e(BinaryOps.MUL, grad) if self.needs_input_grad[1] else None)
+
+
+class Div(Function):
+  def forward(self, x: LazyBuffer, y: LazyBuffer) -> LazyBuffer:
+    self.x, self.y = x, y
+    return x.e(BinaryOps.DIV, y)
+  def backward(self, grad: LazyBuffer):
+    grad_x = grad.e(BinaryOps.DIV, self.y) if self.needs_input_grad[0] else None
+    grad_y = None
+    if self.needs_input_grad[1]:
+      grad_y = grad.e(UnaryOps.NEG).e(BinaryOps.MUL, self.x).e(BinaryOps.DIV, self.y.e(BinaryOps.MUL, self.y))
+    return grad_x, grad_y
+
+
+class Maximum(Function):
+  """Ties split the gradient in half between the inputs, as PyTorch does."""
+  def forward(self, x: LazyBuffer, y: LazyBuffer) -> LazyBuffer:
+    self.x, self.y = x, y
+    return x.e(BinaryOps.MAX, y)
+  def backward(self, grad: LazyBuffer):
+    x_wins = _bool_to(self.y.e(BinaryOps.CMPLT, self.x), grad)
+    tie = _bool_to(self.x.e(BinaryOps.CMPEQ, self.y), grad).e(BinaryOps.MUL, grad.const_like(0.5))
+    share_x = x_wins.e(BinaryOps.ADD, tie)
+    share_y = grad.const_like(1).e(BinaryOps.SUB, share_x)
+    return (share_x.e(BinaryOps.MUL, grad) if self.needs_input_grad[0] else None,
+            share_y.e(BinaryOps.MUL, grad) if self.needs_input_grad[1] else None)
+
+
+class NoGradBinary(Function):
+  """Comparisons, integer division, remainder and bitwise ops: piecewise constant, no gradient."""
+  def forward(self, x: LazyBuffer, y: LazyBuffer, op: BinaryOps) -> LazyBuffer: return x.e(op, y)
+  def backward(self, grad: LazyBuffer): return None, None
+
+
+class Where(Function):
+  def forward(self, cond: LazyBuffer, x: LazyBuffer, y: LazyBuffer) -> LazyBuffer:
+    self.cond = cond
+    return cond.e(TernaryOps.WHERE, x, y)
+  def backward(self, grad: LazyBuffer):
+    zero = grad.const_like(0)
+    return (None,
+            self.cond.e(TernaryOps.WHERE, grad, zero) if self.needs_input_grad[1] else None,
+            self.cond.e(TernaryOps.WHERE, zero, grad) if self.needs_input_grad[2] else None)
+
+
+# ---- reduce ----
+class Sum(Function):
+  def forward(self, x: LazyBuffer, axis: tuple[int, ...]) -> LazyBuffer:
+    self.input_shape = x.shape
+    return x.r(ReduceOps.SUM, axis)
+  def backward(self, grad: LazyBuffer) -> LazyBuffer: return grad.expand(self.input_shape)
+
+
+class Max(Function):
+  """Ties share the gradient evenly, as PyTorch's amax does."""
+  def forward(self, x: LazyBuffer, axis: tuple[int, ...]) -> LazyBuffer:
+    self.x, self.axis = x, axis
+    self.ret = x.r(ReduceOps.MAX, axis)
+    return self.ret
+  def backward(self, grad: LazyBuffer) -> LazyBuffer:
+    is_max = _bool_to(self.x.e(BinaryOps.CMPEQ, self.ret.expand(self.x.shape)), grad)
+    count = is_max.r(ReduceOps.SUM, self.axis).expand(self.x.shape)
+    return is_max.e(BinaryOps.DIV, count).e(BinaryOps.MUL, grad.expand(self.x.shape))
+
+
+# ---- movement ----
+class Reshape(Function):
+  def forward(self, x: LazyBuffer, shape: tuple[int, ...]) -> LazyBuffer:
+    self.input_shape = x.shape
+    return x.reshape(shape)
+  def backward(self, grad: LazyBuffer) -> LazyBuffer: return grad.reshape(self.input_shape)
+
+
+class Permute(Function):
+  def forward(self, x: LazyBuffer, order: tuple[int, ...]) -> LazyBuffer:
+    self.order = order
+    return x.permute(order)
+  def backward(self, grad: LazyBuffer) -> LazyBuffer:
+    inverse = tuple(sorted(range(len(self.order)), key=lambda i: self.order[i]))
+    return grad.permute(inverse)
+
+
+class Expand(Function):
+  def forward(self, x: LazyBuffer, shape: tuple[int, ...]) -> LazyBuffer:
+    self.input_shape = x.shape
+    return x.expand(shape)
+  def backward(self, grad: LazyBuffer) -> LazyBuffer:
+    axes = tuple(i for i, (a, b) in enumerate(zip(self.input_shape, grad.shape)) if a != b)
+    return grad.r(ReduceOps.SUM, axes) if axes else grad
+
+
+class Pad(Function):
+  def forward(self, x: LazyBuffer, arg: tuple[tuple[int, int], ...]) -> LazyBuffer:
+    self.window = tuple((b, b + s) for s, (b, _) in zip(x.shape, arg))
+    return x.pad(arg)
+  def backward(self, grad: LazyBuffer) -> LazyBuffer: return grad.shrink(self.window)
+
+
+class Shrink(Function):
+  def forward(self, x: LazyBuffer, arg: tuple[tuple[int, int], ...]) -> LazyBuffer:
+    self.padding = tuple((start, s - end) for s, (start, end) in zip(x.shape, arg))
+    return x.shrink(arg)
+  def backward(self, grad: LazyBuffer) -> LazyBuffer: return grad.pad(self.padding)
+
+
+class Flip(Function):
+  def forward(self, x: LazyBuffer, axes: tuple[bool, ...]) -> LazyBuffer:
+    self.axes = axes
+    return x.flip(axes)
+  def backward(self, grad: LazyBuffer) -> LazyBuffer: return grad.flip(self.axes)
+

@@ -1,0 +1,119 @@
+"""The lazy graph: Tensor ops record LazyBuffers; nothing runs until realize().
+
+in: primitive ops from function.py (elementwise, reduce, movement, load)
+out: a graph of LazyBuffers. A *base* LazyBuffer computes a contiguous buffer from its sources with
+     one op; a *view* LazyBuffer is a ShapeTracker over a base (movement ops only make views, so they
+     never copy). realize() hands the bases to the scheduler (engine/schedule.py).
+"""
+from __future__ import annotations
+import weakref
+import numpy as np
+from tinychad.dtype import DType, dtypes
+from tinychad.ops import UnaryOps, BinaryOps, TernaryOps, ReduceOps, LoadOps, COMPARISONS, Op
+from tinychad.view import ShapeTracker, prod
+
+
+class LazyBuffer:
+  def __init__(self, device: str, st: ShapeTracker, dtype: DType, op: Op | None = None, arg=None,
+               srcs: tuple[LazyBuffer, ...] = (), base: LazyBuffer | None = None):
+    self.device, self.st, self.dtype = device, st, dtype
+    self._base = base
+    if base is None:
+      self.op, self.arg, self.srcs = op, arg, srcs
+      self.realized = None        # a runtime Buffer once computed
+    # consumers are tracked only for graph pictures; weak so the graph can be freed
+    self.children: weakref.WeakSet = weakref.WeakSet()
+    for s in srcs: s.base.children.add(self)
+
+  def __repr__(self) -> str:
+    if self._base is not None: return f"<LB view {self.shape} {self.dtype.name} of {self.base!r}>"
+    state = "realized" if self.realized is not None else (self.op.name if self.op else "?")
+    return f"<LB {self.device} {self.shape} {self.dtype.name} {state}>"
+
+  @property
+  def base(self) -> LazyBuffer: return self._base if self._base is not None else self
+
+  @property
+  def shape(self) -> tuple[int, ...]: return self.st.shape
+
+  @property
+  def size(self) -> int: return prod(self.shape)
+
+  @property
+  def is_realized(self) -> bool: return self.base.realized is not None
+
+  # ---- creation ----
+  @staticmethod
+  def from_numpy(array: np.ndarray, device: str) -> LazyBuffer:
+    from tinychad.device import Buffer
+    array = np.ascontiguousarray(array)
+    lb = LazyBuffer(device, ShapeTracker.from_shape(array.shape), dtypes.from_np(array.dtype), LoadOps.FROM_NUMPY)
+    lb.realized = Buffer(device, array.size, lb.dtype).copyin(array.reshape(-1))
+    return lb
+
+  @staticmethod
+  def full(value, shape: tuple[int, ...], dtype: DType, device: str) -> LazyBuffer:
+    """A constant: one scalar, broadcast by a zero-stride view, no memory."""
+    value = dtype.np(value).item()
+    const = LazyBuffer(device, ShapeTracker.from_shape(()), dtype, LoadOps.CONST, value)
+    return const.reshape((1,) * len(shape)).expand(tuple(shape)) if shape else const
+
+  @staticmethod
+  def empty(shape: tuple[int, ...], dtype: DType, device: str) -> LazyBuffer:
+    return LazyBuffer(device, ShapeTracker.from_shape(tuple(shape)), dtype, LoadOps.EMPTY)
+
+  def const_like(self, value) -> LazyBuffer:
+    return LazyBuffer.full(value, self.shape, self.dtype, self.device)
+
+  # ---- compute ops: each makes a new base ----
+  def e(self, op: Op, *srcs: LazyBuffer, arg=None) -> LazyBuffer:
+    inputs = (self,) + srcs
+    if op in COMPARISONS: dtype = dtypes.bool
+    elif op is UnaryOps.CAST or op is UnaryOps.BITCAST: dtype = arg
+    elif op is TernaryOps.WHERE: dtype = srcs[0].dtype
+    else: dtype = self.dtype
+    return LazyBuffer(self.device, ShapeTracker.from_shape(self.shape), dtype, op, arg, inputs)
+
+  def r(self, op: ReduceOps, axis: tuple[int, ...]) -> LazyBuffer:
+    """Reduce over `axis`, keeping those axes as size 1."""
+    new_shape = tuple(1 if i in axis else s for i, s in enumerate(self.shape))
+    if new_shape == self.shape: return self
+    return LazyBuffer(self.device, ShapeTracker.from_shape(new_shape), self.dtype, op, tuple(sorted(axis)), (self,))
+
+  def cast(self, dtype: DType) -> LazyBuffer:
+    return self if dtype == self.dtype else self.e(UnaryOps.CAST, arg=dtype)
+
+  def contiguous(self) -> LazyBuffer:
+    if self._base is None and self.op is not LoadOps.CONST: return self
+    return LazyBuffer(self.device, ShapeTracker.from_shape(self.shape), self.dtype, LoadOps.CONTIGUOUS, None, (self,))
+
+  def copy_to_device(self, device: str) -> LazyBuffer:
+    if device == self.device: return self
+    src = self.contiguous()
+    return LazyBuffer(device, ShapeTracker.from_shape(self.shape), self.dtype, LoadOps.COPY, None, (src,))
+
+  # ---- movement ops: each makes a view of the same base ----
+  def _view(self, st: ShapeTracker) -> LazyBuffer:
+    if st == self.st: return self
+    return LazyBuffer(self.device, st, self.dtype, base=self.base)
+
+  def reshape(self, shape: tuple[int, ...]) -> LazyBuffer: return self._view(self.st.reshape(tuple(shape)))
+  def permute(self, order: tuple[int, ...]) -> LazyBuffer: return self._view(self.st.permute(tuple(order)))
+  def expand(self, shape: tuple[int, ...]) -> LazyBuffer: return self._view(self.st.expand(tuple(shape)))
+  def pad(self, arg: tuple[tuple[int, int], ...]) -> LazyBuffer: return self._view(self.st.pad(tuple(arg)))
+  def shrink(self, arg: tuple[tuple[int, int], ...]) -> LazyBuffer: return self._view(self.st.shrink(tuple(arg)))
+  def flip(self, axes: tuple[bool, ...]) -> LazyBuffer: return self._view(self.st.flip(tuple(axes)))
+
+  # ---- running ----
+  def realize(self) -> LazyBuffer:
+    from tinychad.engine.schedule import create_schedule, run_schedule
+    run_schedule(create_schedule([self]))
+    return self
+
+  def numpy(self) -> np.ndarray:
+    """The values as a fresh numpy array of self.shape (realizes first)."""
+    from tinychad.runtime.ops_numpy import read_view
+    if self.base.op is LoadOps.CONST and not self.is_realized:
+      return read_view(np.array([self.base.arg], dtype=self.dtype.np), self.st, self.dtype).copy()
+    self.realize()
+    return read_view(self.base.realized.as_numpy(), self.st, self.dtype).copy()

@@ -1,0 +1,252 @@
+"""Neural-network functions built from Tensor ops: convolutions, pooling, einsum, losses, attention.
+
+in: Tensors (PyTorch's layouts: NCHW activations, (out, in/groups, kh, kw) conv weights)
+out: Tensors. A convolution is a windowed view of the input (movement ops only: `pool_windows`)
+multiplied by the weight and summed: one reduce kernel, no im2col copy.
+"""
+from __future__ import annotations
+import math
+from tinychad.dtype import dtypes
+from tinychad.tensor import Tensor, _shape_str
+
+
+def _tuple(value, n: int, name: str, op: str) -> tuple[int, ...]:
+  out = (value,) * n if isinstance(value, int) else tuple(value)
+  if len(out) != n: raise ValueError(f"{op}: {name} must be an int or {n} ints, got {value}")
+  return out
+
+
+def pool_windows(x: Tensor, kernel: tuple[int, ...], stride: tuple[int, ...], dilation: tuple[int, ...]) -> Tensor:
+  """(..., *spatial) -> (..., *out, *kernel): every window of the last len(kernel) dims, as a view."""
+  n = len(kernel)
+  lead, spatial = x.shape[:-n], x.shape[-n:]
+  outs = [(i - d * (k - 1) - 1) // s + 1 for i, k, s, d in zip(spatial, kernel, stride, dilation)]
+  nl = len(lead)
+  if all(k == s for k, s in zip(kernel, stride)) and all(d == 1 for d in dilation):
+    # non-overlapping windows: crop to whole windows, split each dim into (out, kernel)
+    x = x.shrink(tuple((0, s) for s in lead) + tuple((0, o * k) for o, k in zip(outs, kernel)))
+    x = x.reshape(lead + tuple(v for o, k in zip(outs, kernel) for v in (o, k)))
+    return x.permute(tuple(range(nl)) + tuple(nl + 2 * i for i in range(n)) + tuple(nl + 2 * i + 1 for i in range(n)))
+  # overlapping windows: repeat each dim e times, so that the row r of a (kernel, i+d) reshape starts
+  # r*d further into the input; a stride s step is then every s-th column
+  repeats = [math.ceil(k * (i + d) / i) for i, k, d in zip(spatial, kernel, dilation)]
+  x = x.repeat((1,) * nl + tuple(repeats))
+  x = x.shrink(tuple((0, s) for s in lead) + tuple((0, k * (i + d)) for i, k, d in zip(spatial, kernel, dilation)))
+  x = x.reshape(lead + tuple(v for i, k, d in zip(spatial, kernel, dilation) for v in (k, i + d)))
+  fit = [(0, 0)] * nl + [p for i, d, o, s in zip(spatial, dilation, outs, stride) for p in ((0, 0), (0, o * s - (i + d)))]
+  x = x.pad(tuple(fit))
+  x = x.reshape(lead + tuple(v for k, o, s in zip(kernel, outs, stride) for v in (k, o, s)))
+  x = x.shrink(tuple((0, s) for s in lead) + tuple(w for k, o in zip(kernel, outs) for w in ((0, k), (0, o), (0, 1))))
+  x = x.reshape(lead + tuple(v for k, o in zip(kernel, outs) for v in (k, o)))
+  return x.permute(tuple(range(nl)) + tuple(nl + 2 * i + 1 for i in range(n)) + tuple(nl + 2 * i for i in range(n)))
+
+
+def _padding_pairs(padding, kernel, dilation, n: int, op: str) -> tuple[tuple[int, int], ...]:
+  if padding == "valid": return ((0, 0),) * n
+  if padding == "same":
+    total = [d * (k - 1) for k, d in zip(kernel, dilation)]
+    return tuple((t // 2, t - t // 2) for t in total)
+  if isinstance(padding, (tuple, list)) and padding and isinstance(padding[0], (tuple, list)): return tuple(tuple(p) for p in padding)
+  return tuple((p, p) for p in _tuple(padding, n, "padding", op))
+
+
+def conv(x: Tensor, weight: Tensor, bias: Tensor | None, stride, padding, dilation, groups: int, n: int, op: str) -> Tensor:
+  unbatched = x.ndim == n + 1
+  if unbatched: x = x.unsqueeze(0)
+  if x.ndim != n + 2 or weight.ndim != n + 2:
+    raise ValueError(f"{op}: expected input of {n + 2} dims and weight of {n + 2} dims, got input {_shape_str(x.shape)} ({x.dtype}) and weight {_shape_str(weight.shape)} ({weight.dtype})")
+  bs, cin = x.shape[:2]
+  cout, cin_group = weight.shape[:2]
+  kernel = weight.shape[2:]
+  if groups <= 0 or cin % groups or cout % groups or cin // groups != cin_group:
+    raise ValueError(f"{op}: input {_shape_str(x.shape)} has {cin} channels but weight {_shape_str(weight.shape)} expects {cin_group}x{groups} groups")
+  stride, dilation = _tuple(stride, n, "stride", op), _tuple(dilation, n, "dilation", op)
+  pads = _padding_pairs(padding, kernel, dilation, n, op)
+  x = x.pad(((0, 0), (0, 0)) + pads)
+  for size, k, d in zip(x.shape[2:], kernel, dilation):
+    if size < d * (k - 1) + 1:
+      raise ValueError(f"{op}: kernel {_shape_str(kernel)} (dilation {dilation}) is larger than the padded input {_shape_str(x.shape)}")
+  windows = pool_windows(x, kernel, stride, dilation)                        # (bs, cin, *out, *kernel)
+  outs = windows.shape[2:2 + n]
+  out_group = cout // groups
+  windows = windows.reshape((bs, groups, cin_group, 1) + outs + kernel)
+  windows = windows.expand((bs, groups, cin_group, out_group) + outs + kernel)
+  # (bs, groups, out_group, *out, cin_group, *kernel): reduce over the last 1+n axes
+  order = (0, 1, 3) + tuple(4 + i for i in range(n)) + (2,) + tuple(4 + n + i for i in range(n))
+  windows = windows.permute(order)
+  w = weight.reshape((1, groups, out_group) + (1,) * n + (cin_group,) + kernel)
+  out = (windows * w).sum(tuple(range(-1 - n, 0)), keepdim=True).reshape((bs, cout) + outs)
+  if bias is not None: out = out + bias.reshape((1, -1) + (1,) * n)
+  return out.squeeze(0) if unbatched else out
+
+
+def conv_transpose(x: Tensor, weight: Tensor, bias: Tensor | None, stride, padding, output_padding, groups: int, dilation, n: int) -> Tensor:
+  """The gradient of a convolution: spread the input by `stride` (zeros between), then a convolution
+  with the flipped, channel-swapped weight and padding dilation*(k-1)-padding."""
+  op = f"conv_transpose{n}d"
+  if x.ndim != n + 2 or weight.ndim != n + 2:
+    raise ValueError(f"{op}: expected input and weight of {n + 2} dims, got {_shape_str(x.shape)} and {_shape_str(weight.shape)}")
+  cin, out_group = weight.shape[:2]
+  kernel = weight.shape[2:]
+  if x.shape[1] != cin or cin % groups:
+    raise ValueError(f"{op}: input {_shape_str(x.shape)} has {x.shape[1]} channels, weight {_shape_str(weight.shape)} expects {cin}")
+  stride, dilation = _tuple(stride, n, "stride", op), _tuple(dilation, n, "dilation", op)
+  padding, output_padding = _tuple(padding, n, "padding", op), _tuple(output_padding, n, "output_padding", op)
+  bs, spatial = x.shape[0], x.shape[2:]
+  if any(s > 1 for s in stride):
+    x = x.reshape((bs, cin) + tuple(v for i in spatial for v in (i, 1)))
+    x = x.pad(((0, 0), (0, 0)) + tuple(p for s in stride for p in ((0, 0), (0, s - 1))))
+    x = x.reshape((bs, cin) + tuple(i * s for i, s in zip(spatial, stride)))
+    x = x.shrink(((0, bs), (0, cin)) + tuple((0, (i - 1) * s + 1) for i, s in zip(spatial, stride)))
+  w = weight.reshape((groups, cin // groups, out_group) + kernel).transpose(1, 2)
+  w = w.flip(*range(3, 3 + n)).reshape((groups * out_group, cin // groups) + kernel)
+  pads = tuple((d * (k - 1) - p, d * (k - 1) - p + op_) for k, d, p, op_ in zip(kernel, dilation, padding, output_padding))
+  return conv(x, w, bias, 1, pads, dilation, groups, n, op)
+
+
+def max_pool(x: Tensor, kernel_size, stride, padding, dilation, n: int) -> Tensor:
+  op = f"max_pool{n}d"
+  if x.ndim < n + 1: raise ValueError(f"{op}: input of shape {_shape_str(x.shape)} needs at least {n + 1} dims")
+  kernel = _tuple(kernel_size, n, "kernel_size", op)
+  stride = kernel if stride is None else _tuple(stride, n, "stride", op)
+  dilation = _tuple(dilation, n, "dilation", op)
+  pads = _padding_pairs(padding, kernel, dilation, n, op)
+  fill = -math.inf if x.dtype.is_float else int(-2 ** (8 * x.dtype.itemsize - 1))
+  x = x.pad(((0, 0),) * (x.ndim - n) + pads, value=fill)
+  return pool_windows(x, kernel, stride, dilation).max(tuple(range(-n, 0)))
+
+
+def avg_pool(x: Tensor, kernel_size, stride, padding, count_include_pad: bool, n: int) -> Tensor:
+  op = f"avg_pool{n}d"
+  if x.ndim < n + 1: raise ValueError(f"{op}: input of shape {_shape_str(x.shape)} needs at least {n + 1} dims")
+  kernel = _tuple(kernel_size, n, "kernel_size", op)
+  stride = kernel if stride is None else _tuple(stride, n, "stride", op)
+  pads = ((0, 0),) * (x.ndim - n) + _padding_pairs(padding, kernel, (1,) * n, n, op)
+  axes = tuple(range(-n, 0))
+  total = pool_windows(x.pad(pads), kernel, stride, (1,) * n).sum(axes)
+  if count_include_pad: return total / math.prod(kernel)
+  counts = pool_windows(Tensor.ones(x.shape[-n:], device=x.device).pad(pads[-n:]), kernel, stride, (1,) * n).sum(axes)
+  return total / counts
+
+
+def einsum(formula: str, *operands: Tensor) -> Tensor:
+  """Einstein summation by broadcasting every operand to all letters, multiplying, and summing."""
+  operands = tuple(operands[0]) if len(operands) == 1 and isinstance(operands[0], (list, tuple)) else operands
+  formula = formula.replace(" ", "")
+  inputs, _, output = formula.partition("->")
+  terms = inputs.split(",")
+  if "." in formula: raise ValueError(f"einsum: '...' is not supported in {formula!r}")
+  if len(terms) != len(operands): raise ValueError(f"einsum: {formula!r} names {len(terms)} operands, got {len(operands)}")
+  sizes: dict[str, int] = {}
+  for term, t in zip(terms, operands):
+    if len(term) != t.ndim: raise ValueError(f"einsum: term {term!r} has {len(term)} letters but operand has shape {_shape_str(t.shape)}")
+    if len(set(term)) != len(term): raise ValueError(f"einsum: repeated letter in term {term!r} (diagonals) is not supported")
+    for letter, size in zip(term, t.shape):
+      if sizes.setdefault(letter, size) != size and size != 1 and sizes[letter] != 1:
+        raise ValueError(f"einsum: letter {letter!r} has sizes {sizes[letter]} and {size} in {formula!r}")
+      sizes[letter] = max(sizes[letter], size)
+  if not _: output = "".join(sorted(letter for letter in sizes if inputs.count(letter) == 1))
+  letters = sorted(sizes)
+  product = None
+  for term, t in zip(terms, operands):
+    order = sorted(range(len(term)), key=lambda i: letters.index(term[i]))
+    t = t.permute(order) if order else t
+    shape = tuple(t.shape[sorted(term, key=letters.index).index(letter)] if letter in term else 1 for letter in letters)
+    t = t.reshape(shape).expand(tuple(sizes[letter] for letter in letters))
+    product = t if product is None else product * t
+  summed = tuple(i for i, letter in enumerate(letters) if letter not in output)
+  out = product.sum(summed) if summed else product
+  remaining = [letter for letter in letters if letter in output]
+  return out.permute(tuple(remaining.index(letter) for letter in output)) if output else out
+
+
+# ---- losses ----
+def _reduce(loss: Tensor, reduction: str, op: str) -> Tensor:
+  if reduction == "mean": return loss.mean()
+  if reduction == "sum": return loss.sum()
+  if reduction == "none": return loss
+  raise ValueError(f"{op}: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+
+
+def _class_mask(target: Tensor, classes: int, ndim: int) -> Tensor:
+  """One-hot of class indices along dim 1: (N, *rest) -> (N, C, *rest) bool."""
+  arange = Tensor.arange(classes, device=target.device).reshape((1, classes) + (1,) * (ndim - 2))
+  return target.unsqueeze(1) == arange
+
+
+def nll_loss(logp: Tensor, target: Tensor, reduction: str = "mean", ignore_index: int = -100, weight: Tensor | None = None) -> Tensor:
+  if not isinstance(target, Tensor): target = Tensor(target)
+  if logp.ndim == 1: logp, target = logp.unsqueeze(0), target.reshape(1)
+  if target.dtype.category != 1:
+    raise TypeError(f"nll_loss: target must hold class indices (an integer tensor), got {target.dtype}")
+  if target.shape != (logp.shape[0],) + logp.shape[2:]:
+    raise ValueError(f"nll_loss: target shape {_shape_str(target.shape)} doesn't match input shape {_shape_str(logp.shape)}")
+  classes = logp.shape[1]
+  values = target.numpy()
+  bad = values[(values != ignore_index) & ((values < 0) | (values >= classes))]
+  if bad.size: raise IndexError(f"nll_loss: target {bad.flat[0]} is out of bounds for {classes} classes")
+  mask = _class_mask(target, classes, logp.ndim)
+  picked = -mask.where(logp, 0).sum(1)
+  keep = (target != ignore_index).cast(logp.dtype)
+  weights = keep if weight is None else mask.where(weight.reshape((1, classes) + (1,) * (logp.ndim - 2)), 0).sum(1) * keep
+  loss = picked * weights
+  if reduction == "mean": return loss.sum() / weights.sum()
+  return _reduce(loss, reduction, "nll_loss")
+
+
+def cross_entropy(x: Tensor, target: Tensor, reduction: str = "mean", label_smoothing: float = 0.0, ignore_index: int = -100) -> Tensor:
+  if not 0.0 <= label_smoothing <= 1.0: raise ValueError(f"cross_entropy: label_smoothing must be in [0, 1], got {label_smoothing}")
+  if not isinstance(target, Tensor): target = Tensor(target)
+  class_dim = 0 if x.ndim == 1 else 1
+  logp = x.log_softmax(class_dim)
+  classes = x.shape[class_dim]
+  if target.dtype.is_float:
+    if target.shape != x.shape: raise ValueError(f"cross_entropy: probability target shape {_shape_str(target.shape)} != input shape {_shape_str(x.shape)}")
+    smoothed = target * (1 - label_smoothing) + label_smoothing / classes
+    return _reduce(-(smoothed * logp).sum(class_dim), reduction, "cross_entropy")
+  nll = nll_loss(logp, target, "none", ignore_index)
+  keep = (target != ignore_index).cast(logp.dtype)
+  if logp.ndim == 1: keep = keep.reshape(1)
+  if label_smoothing > 0:
+    uniform = -(logp.mean(class_dim) if logp.ndim > 1 else logp.mean().reshape(1)) * keep
+    nll = (1 - label_smoothing) * nll + label_smoothing * uniform
+  if reduction == "mean": return nll.sum() / keep.sum()
+  out = _reduce(nll, reduction, "cross_entropy")
+  return out.reshape(()) if x.ndim == 1 and reduction == "none" else out
+
+
+def binary_cross_entropy(p: Tensor, target: Tensor, reduction: str = "mean") -> Tensor:
+  if p.shape != target.shape: raise ValueError(f"binary_cross_entropy: input {_shape_str(p.shape)} and target {_shape_str(target.shape)} differ")
+  # PyTorch clamps the logs at -100 so p = 0 or 1 gives a finite loss
+  log_p, log_not_p = p.log().maximum(-100), (1 - p).log().maximum(-100)
+  return _reduce(-(target * log_p + (1 - target) * log_not_p), reduction, "binary_cross_entropy")
+
+
+def binary_cross_entropy_with_logits(x: Tensor, target: Tensor, reduction: str = "mean", pos_weight: Tensor | None = None) -> Tensor:
+  if x.shape != target.shape: raise ValueError(f"binary_cross_entropy_with_logits: input {_shape_str(x.shape)} and target {_shape_str(target.shape)} differ")
+  # log(1 + exp(-x)) written stably as softplus(-x)
+  softplus_neg = (-x).relu() + (-(x.abs())).exp().log1p()
+  weight = 1 if pos_weight is None else 1 + (pos_weight - 1) * target
+  return _reduce((1 - target) * x + weight * softplus_neg, reduction, "binary_cross_entropy_with_logits")
+
+
+def mse_loss(x: Tensor, target: Tensor, reduction: str = "mean") -> Tensor:
+  if x.shape != target.shape: raise ValueError(f"mse_loss: input {_shape_str(x.shape)} and target {_shape_str(target.shape)} differ")
+  return _reduce((x - target).square(), reduction, "mse_loss")
+
+
+def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None = None, dropout_p: float = 0.0,
+                                 is_causal: bool = False, scale: float | None = None) -> Tensor:
+  if q.shape[-1] != k.shape[-1] or k.shape[-2] != v.shape[-2]:
+    raise ValueError(f"scaled_dot_product_attention: q {_shape_str(q.shape)}, k {_shape_str(k.shape)}, v {_shape_str(v.shape)} don't fit")
+  scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
+  scores = (q @ k.transpose(-1, -2)) * scale
+  if is_causal:
+    length, source = q.shape[-2], k.shape[-2]
+    causal = Tensor.ones(length, source, dtype=dtypes.bool, device=q.device).tril()
+    scores = causal.where(scores, -math.inf)
+  if attn_mask is not None:
+    scores = attn_mask.where(scores, -math.inf) if attn_mask.dtype == dtypes.bool else scores + attn_mask
+  weights = scores.softmax(-1)
+  if dropout_p > 0: weights = weights.dropout(dropout_p)
+  return weights @ v

@@ -1,0 +1,111 @@
+"""The primitive ops: everything a Tensor does is composed from these.
+
+in: nothing (definitions)  ->  out: the op enums the lazy graph, the scheduler and every device speak.
+A device that implements these can run every Tensor method; backward rules live on the autograd
+Functions in function.py, which are written in terms of the same primitives.
+"""
+from __future__ import annotations
+from dataclasses import dataclass, field
+from enum import Enum, auto
+from typing import Any
+
+
+class UnaryOps(Enum):
+  NEG = auto()      # -x
+  EXP2 = auto()     # 2**x
+  LOG2 = auto()     # log2(x)
+  SIN = auto()      # sin(x)
+  SQRT = auto()     # sqrt(x)
+  RECIP = auto()    # 1/x
+  TRUNC = auto()    # round toward zero (floats); identity on integers
+  CAST = auto()     # convert to the dtype in `arg`
+  BITCAST = auto()  # reinterpret the bits as the dtype in `arg` (same itemsize)
+
+
+class BinaryOps(Enum):
+  ADD = auto()      # a + b
+  SUB = auto()      # a - b
+  MUL = auto()      # a * b
+  DIV = auto()      # a / b (true division for floats, truncating for integers)
+  MOD = auto()      # C's remainder: sign of the dividend (fmod for floats)
+  MAX = auto()      # max(a, b)
+  CMPLT = auto()    # a < b, gives bool
+  CMPEQ = auto()    # a == b, gives bool
+  CMPNE = auto()    # a != b, gives bool
+  AND = auto()      # a & b (logical for bool, bitwise for integers)
+  OR = auto()       # a | b
+  XOR = auto()      # a ^ b
+
+
+class TernaryOps(Enum):
+  WHERE = auto()    # c ? a : b
+
+
+class ReduceOps(Enum):
+  SUM = auto()      # sum over the axes in `arg` (kept as size 1)
+  MAX = auto()      # max over the axes in `arg` (kept as size 1)
+
+
+class MovementOps(Enum):
+  RESHAPE = auto()  # same elements, new shape
+  PERMUTE = auto()  # reorder the axes
+  EXPAND = auto()   # broadcast size-1 axes (stride 0)
+  PAD = auto()      # add zeros on both sides of each axis (a validity mask, no copy)
+  SHRINK = auto()   # take a (start, end) window of each axis
+  FLIP = auto()     # reverse the axes flagged in `arg`
+
+
+class LoadOps(Enum):
+  EMPTY = auto()       # uninitialised memory of a shape
+  CONST = auto()       # one scalar value, broadcast by views
+  FROM_NUMPY = auto()  # host data handed over by the user
+  COPY = auto()        # copy a buffer from another device
+  CONTIGUOUS = auto()  # materialise a view into its own buffer
+
+
+class BufferOps(Enum):
+  LOAD = auto()        # read an input buffer through a ShapeTracker: arg = (buffer number, tracker)
+  CONST = auto()       # a constant read through a ShapeTracker (its mask makes padding): arg = (value, tracker)
+  STORE = auto()       # write the kernel's result: arg = (buffer number, tracker)
+
+
+Op = UnaryOps | BinaryOps | TernaryOps | ReduceOps | MovementOps | LoadOps | BufferOps
+
+# ops whose result is bool regardless of the input dtype
+COMPARISONS = {BinaryOps.CMPLT, BinaryOps.CMPEQ, BinaryOps.CMPNE}
+ALU_OPS = (UnaryOps, BinaryOps, TernaryOps)
+
+
+@dataclass(frozen=True)
+class KernelNode:
+  """One node of a kernel tree: loads and consts at the leaves, ALU ops and at most one reduce
+  inside, a STORE at the root. Trees compare by value, so equal kernels share one compile."""
+  op: Op
+  srcs: tuple[KernelNode, ...] = ()
+  arg: Any = None
+  dtype: Any = None
+  _hash: int = field(default=0, compare=False, repr=False)
+
+  def __post_init__(self):
+    object.__setattr__(self, "_hash", hash((self.op, self.srcs, self.arg, self.dtype)))
+
+  def __hash__(self) -> int: return self._hash
+
+  def walk(self):
+    """Every node once, sources before users."""
+    seen, order = set(), []
+    def visit(node):
+      if id(node) in seen: return
+      seen.add(id(node))
+      for s in node.srcs: visit(s)
+      order.append(node)
+    visit(self)
+    return order
+
+  def pretty(self, indent: int = 0) -> str:
+    pad = "  " * indent
+    arg = self.arg
+    if self.op in (BufferOps.LOAD, BufferOps.CONST, BufferOps.STORE):
+      arg = f"{arg[0]}, views={[(v.shape, v.strides, v.offset, v.mask) for v in arg[1].views]}"
+    line = f"{pad}{self.op.name} {self.dtype.name if self.dtype else ''} {arg if arg is not None else ''}".rstrip()
+    return "\n".join([line] + [s.pretty(indent + 1) for s in self.srcs])

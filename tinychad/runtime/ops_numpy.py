@@ -1,0 +1,103 @@
+"""The numpy reference device: runs a kernel tree by evaluating it with numpy.
+
+in: a ScheduleItem (kernel tree) and its Buffers  ->  out: the output buffer filled.
+Loads are zero-copy strided views where one view suffices (masks become zero padding); stacked
+views fall back to index arrays. This device is the oracle the compiled devices are tested against,
+so it follows C semantics exactly (truncating integer division, fmod remainder).
+"""
+from __future__ import annotations
+import numpy as np
+from tinychad.dtype import DType
+from tinychad.ops import UnaryOps, BinaryOps, TernaryOps, ReduceOps, BufferOps, KernelNode
+from tinychad.view import ShapeTracker, View
+
+
+def _strided(flat: np.ndarray, view: View) -> np.ndarray:
+  itemsize = flat.itemsize
+  return np.lib.stride_tricks.as_strided(flat[view.offset:], view.shape, tuple(st * itemsize for st in view.strides), writeable=False)
+
+
+def read_view(flat: np.ndarray, st: ShapeTracker, dtype: DType) -> np.ndarray:
+  """The elements `st` selects from the flat buffer, as an array of st.shape (a view when possible)."""
+  shape = st.shape
+  if 0 in shape: return np.zeros(shape, dtype=dtype.np)
+  if len(st.views) == 1:
+    view = st.views[0]
+    if view.mask is None: return _strided(flat, view)
+    out = np.zeros(shape, dtype=dtype.np)
+    if any(lo >= hi for lo, hi in view.mask): return out
+    out[tuple(slice(lo, hi) for lo, hi in view.mask)] = _strided(flat, view.shrink(view.mask))
+    return out
+  grids = [np.arange(s).reshape([-1 if i == d else 1 for i in range(len(shape))]) for d, s in enumerate(shape)]
+  index, valid = st.expr_idxs(grids)
+  index = np.broadcast_to(np.asarray(index), shape)
+  if valid is False: return np.zeros(shape, dtype=dtype.np)
+  if valid is None: return flat[index]
+  valid = np.broadcast_to(valid, shape)
+  return np.where(valid, flat[np.where(valid, index, 0)], np.zeros((), dtype=dtype.np))
+
+
+def _trunc_div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+  if np.issubdtype(np.result_type(a, b), np.floating): return a / b
+  q = np.floor_divide(a, np.where(b == 0, 1, b))
+  fix = (np.remainder(a, np.where(b == 0, 1, b)) != 0) & ((a < 0) != (b < 0))
+  return np.where(b == 0, 0, q + fix)
+
+
+_ALU = {
+  UnaryOps.NEG: lambda x: np.logical_not(x) if x.dtype == np.bool_ else np.negative(x),
+  UnaryOps.EXP2: np.exp2, UnaryOps.LOG2: np.log2, UnaryOps.SIN: np.sin, UnaryOps.SQRT: np.sqrt,
+  UnaryOps.RECIP: lambda x: np.reciprocal(x), UnaryOps.TRUNC: np.trunc,
+  BinaryOps.ADD: np.add, BinaryOps.SUB: np.subtract, BinaryOps.MUL: np.multiply, BinaryOps.DIV: _trunc_div,
+  BinaryOps.MOD: lambda a, b: np.fmod(a, np.where(b == 0, 1, b)) if a.dtype.kind in "iu" else np.fmod(a, b),
+  BinaryOps.MAX: np.maximum, BinaryOps.CMPLT: np.less, BinaryOps.CMPEQ: np.equal, BinaryOps.CMPNE: np.not_equal,
+  BinaryOps.AND: np.bitwise_and, BinaryOps.OR: np.bitwise_or, BinaryOps.XOR: np.bitwise_xor,
+  TernaryOps.WHERE: np.where,
+}
+
+
+def _identity(op: ReduceOps, dtype: DType):
+  if op is ReduceOps.SUM: return 0
+  if dtype.is_float: return -np.inf
+  return False if dtype.name == "bool" else np.iinfo(dtype.np).min
+
+
+def evaluate(node: KernelNode, bufs: list[np.ndarray], cache: dict) -> np.ndarray:
+  if id(node) in cache: return cache[id(node)]
+  op = node.op
+  if op is BufferOps.LOAD:
+    out = read_view(bufs[node.arg[0]], node.arg[1], node.dtype)
+  elif op is BufferOps.CONST:
+    out = read_view(np.array([node.arg[0]], dtype=node.dtype.np), node.arg[1], node.dtype)
+  elif isinstance(op, ReduceOps):
+    src = evaluate(node.srcs[0], bufs, cache)
+    src = np.broadcast_to(src, node.arg[1])
+    reducer = np.sum if op is ReduceOps.SUM else np.max
+    out = reducer(src, axis=node.arg[0], keepdims=True, initial=_identity(op, node.dtype)).astype(node.dtype.np, copy=False)
+  elif op is UnaryOps.CAST:
+    out = evaluate(node.srcs[0], bufs, cache).astype(node.dtype.np)
+  elif op is UnaryOps.BITCAST:
+    out = np.ascontiguousarray(evaluate(node.srcs[0], bufs, cache)).view(node.dtype.np)
+  else:
+    srcs = [evaluate(s, bufs, cache) for s in node.srcs]
+    out = np.asarray(_ALU[op](*srcs)).astype(node.dtype.np, copy=False)
+  cache[id(node)] = out
+  return out
+
+
+class NumpyDevice:
+  def __init__(self, name: str): self.name = name
+
+  @staticmethod
+  def available() -> bool: return True
+
+  def exec(self, item, bufs) -> None:
+    store = item.ast
+    arrays = [b.as_numpy() for b in bufs]
+    with np.errstate(all="ignore"):
+      result = evaluate(store.srcs[0], arrays, {})
+    out_shape = store.arg[1].shape
+    arrays[0][:] = np.broadcast_to(result, out_shape).reshape(-1)
+
+
+def device_class(): return NumpyDevice

@@ -1,0 +1,1054 @@
+"""The front end: a PyTorch-like Tensor with autograd.
+
+in: user calls (creation, math, movement, nn functions)
+out: Tensors whose `lazydata` is a LazyBuffer graph; nothing runs until realize()/numpy()/item()/tolist().
+Every method is composed from the autograd Functions in function.py (which sit on the primitive ops
+of ops.py). Shapes, axes and dtypes are checked here, at the user's call, so errors name the op.
+"""
+from __future__ import annotations
+import math
+from contextlib import ContextDecorator
+from typing import Sequence
+import numpy as np
+from tinychad import function as F
+from tinychad.device import Device
+from tinychad.dtype import DType, dtypes, result_type, scalar_dtype, promote_types
+from tinychad.helpers import argfix, prod
+from tinychad.lazy import LazyBuffer
+from tinychad.ops import BinaryOps, LoadOps
+
+Scalar = int | float | bool
+
+
+def _shape_str(shape) -> str: return "(" + ", ".join(str(s) for s in shape) + ")"
+
+
+class Tensor:
+  __slots__ = ("lazydata", "requires_grad", "grad", "_ctx", "__weakref__")
+  training: bool = False   # dropout and batchnorm look at this
+  no_grad: bool = False    # set by the no_grad() context: no graph for backward is recorded
+  _rng: np.random.Generator = np.random.default_rng(0)
+
+  def __init__(self, data, device: str | None = None, dtype: DType | str | None = None, requires_grad: bool | None = None):
+    dtype = dtypes.from_any(dtype) if dtype is not None else None
+    device = Device.canonicalize(device)
+    if isinstance(data, LazyBuffer):
+      lazydata = data if dtype is None else data.cast(dtype)
+    elif isinstance(data, Tensor):
+      lazydata = data.lazydata if dtype is None else data.lazydata.cast(dtype)
+    elif isinstance(data, (bool, int, float)) and not isinstance(data, np.generic):
+      lazydata = LazyBuffer.full(data, (), dtype or scalar_dtype(data), device)
+    else:
+      lazydata = LazyBuffer.from_numpy(_to_numpy(data, dtype), device)
+    if lazydata.device != device and not isinstance(data, (LazyBuffer, Tensor)):
+      lazydata = lazydata.copy_to_device(device)
+    self.lazydata: LazyBuffer = lazydata
+    self.requires_grad: bool | None = requires_grad
+    self.grad: Tensor | None = None
+    self._ctx: F.Function | None = None
+
+  # ---- properties ----
+  @property
+  def shape(self) -> tuple[int, ...]: return self.lazydata.shape
+  @property
+  def dtype(self) -> DType: return self.lazydata.dtype
+  @property
+  def device(self) -> str: return self.lazydata.device
+  @property
+  def ndim(self) -> int: return len(self.shape)
+  def dim(self) -> int: return self.ndim
+  def numel(self) -> int: return prod(self.shape)
+  def size(self, dim: int | None = None):
+    return self.shape if dim is None else self.shape[self._axis(dim, "size")]
+  def element_size(self) -> int: return self.dtype.itemsize
+  def __len__(self) -> int:
+    if not self.shape: raise TypeError("len() of a 0-d tensor")
+    return self.shape[0]
+  @property
+  def is_leaf(self) -> bool: return self._ctx is None
+
+  def __repr__(self) -> str:
+    values = np.array2string(self.numpy(), separator=", ", threshold=64, edgeitems=3, precision=4, prefix="tensor(")
+    extra = f", dtype={self.dtype}" if self.dtype not in (dtypes.float32, dtypes.int64, dtypes.bool) else ""
+    grad = ", requires_grad=True" if self.requires_grad else ""
+    return f"tensor({values}{extra}, device={self.device!r}{grad})"
+
+  def __hash__(self) -> int: return id(self)
+
+  def __bool__(self) -> bool:
+    if self.numel() != 1: raise RuntimeError(f"bool() of a tensor with {self.numel()} elements is ambiguous")
+    return bool(self.item())
+
+  # ---- running ----
+  def realize(self, *others: Tensor) -> Tensor:
+    """Compute this tensor (and `others`) now, in one schedule."""
+    from tinychad.engine.schedule import create_schedule, run_schedule
+    run_schedule(create_schedule([t.lazydata for t in (self,) + others]))
+    return self
+  exec = realize
+
+  def schedule(self) -> list:
+    """The kernels a realize of this tensor would run, without running them."""
+    from tinychad.engine.schedule import create_schedule
+    return create_schedule([self.lazydata])
+
+  def get_buffers(self) -> list[tuple[str, tuple[int, ...], str]]:
+    """The buffers a realize needs: (role, shape, dtype) for each input and each buffer computed."""
+    out, seen = [], set()
+    for item in self.schedule():
+      for inp in item.inputs:
+        if inp.realized is not None and id(inp) not in seen:
+          seen.add(id(inp))
+          out.append(("input", inp.shape, inp.dtype.name))
+      out.append(("output" if item.output is self.lazydata.base else "intermediate", item.output.shape, item.output.dtype.name))
+    return out
+
+  def numpy(self) -> np.ndarray: return self.lazydata.numpy()
+  def tolist(self): return self.numpy().tolist()
+  def item(self) -> Scalar:
+    if self.numel() != 1: raise ValueError(f"item() needs a tensor with one element, got shape {_shape_str(self.shape)}")
+    return self.numpy().reshape(-1)[0].item()
+  def data(self) -> np.ndarray: return self.numpy()
+
+  def detach(self) -> Tensor: return Tensor(self.lazydata, requires_grad=False)
+  def requires_grad_(self, requires_grad: bool = True) -> Tensor:
+    self.requires_grad = requires_grad
+    return self
+
+  def to(self, device_or_dtype) -> Tensor:
+    if isinstance(device_or_dtype, DType) or device_or_dtype in (bool, int, float): return self.cast(device_or_dtype)
+    device = Device.canonicalize(device_or_dtype)
+    if device == self.device: return self
+    out = Tensor(self.lazydata.copy_to_device(device), requires_grad=self.requires_grad)
+    return out
+  def cpu(self) -> Tensor: return self.to("CPU")
+
+  def assign(self, other) -> Tensor:
+    """Replace this tensor's value (used by optimizers); shapes and dtypes must match."""
+    other = other if isinstance(other, Tensor) else Tensor(other, device=self.device, dtype=self.dtype)
+    if other.shape != self.shape: raise ValueError(f"assign: shape {_shape_str(other.shape)} does not match {_shape_str(self.shape)}")
+    self.lazydata = other.lazydata.cast(self.dtype)
+    return self
+
+  # ---- creation ----
+  @staticmethod
+  def full(shape, fill_value: Scalar, dtype=None, device=None, requires_grad=None) -> Tensor:
+    shape = argfix(shape) if not isinstance(shape, int) else (shape,)
+    _check_shape(shape, "full")
+    dtype = dtypes.from_any(dtype) if dtype is not None else scalar_dtype(fill_value)
+    return Tensor(LazyBuffer.full(fill_value, shape, dtype, Device.canonicalize(device)), requires_grad=requires_grad)
+
+  @staticmethod
+  def zeros(*shape, dtype=None, device=None, requires_grad=None) -> Tensor:
+    return Tensor.full(argfix(*shape), 0.0, dtype or dtypes.default_float, device, requires_grad)
+
+  @staticmethod
+  def ones(*shape, dtype=None, device=None, requires_grad=None) -> Tensor:
+    return Tensor.full(argfix(*shape), 1.0, dtype or dtypes.default_float, device, requires_grad)
+
+  @staticmethod
+  def empty(*shape, dtype=None, device=None, requires_grad=None) -> Tensor:
+    shape = argfix(*shape)
+    _check_shape(shape, "empty")
+    dtype = dtypes.from_any(dtype) if dtype is not None else dtypes.default_float
+    return Tensor(LazyBuffer.empty(shape, dtype, Device.canonicalize(device)), requires_grad=requires_grad)
+
+  def full_like(self, fill_value: Scalar, dtype=None, device=None, requires_grad=None) -> Tensor:
+    return Tensor.full(self.shape, fill_value, dtype or self.dtype, device or self.device, requires_grad)
+  def zeros_like(self, **kwargs) -> Tensor: return self.full_like(0, **kwargs)
+  def ones_like(self, **kwargs) -> Tensor: return self.full_like(1, **kwargs)
+  def empty_like(self, dtype=None, device=None) -> Tensor:
+    return Tensor.empty(self.shape, dtype=dtype or self.dtype, device=device or self.device)
+  def rand_like(self, dtype=None, device=None, requires_grad=None) -> Tensor:
+    return Tensor.rand(self.shape, dtype=dtype or self.dtype, device=device or self.device, requires_grad=requires_grad)
+  def randn_like(self, dtype=None, device=None, requires_grad=None) -> Tensor:
+    return Tensor.randn(self.shape, dtype=dtype or self.dtype, device=device or self.device, requires_grad=requires_grad)
+
+  @staticmethod
+  def arange(start, stop=None, step=1, dtype=None, device=None, requires_grad=None) -> Tensor:
+    if stop is None: start, stop = 0, start
+    if step == 0: raise ValueError("arange: step must be nonzero")
+    is_float = any(isinstance(v, float) for v in (start, stop, step))
+    dtype = dtypes.from_any(dtype) if dtype is not None else (dtypes.default_float if is_float else dtypes.default_int)
+    return Tensor(np.arange(start, stop, step).astype(dtype.np), device=device, requires_grad=requires_grad)
+
+  @staticmethod
+  def linspace(start: float, stop: float, steps: int, dtype=None, device=None, requires_grad=None) -> Tensor:
+    dtype = dtypes.from_any(dtype) if dtype is not None else dtypes.default_float
+    return Tensor(np.linspace(start, stop, steps).astype(dtype.np), device=device, requires_grad=requires_grad)
+
+  @staticmethod
+  def eye(n: int, m: int | None = None, dtype=None, device=None, requires_grad=None) -> Tensor:
+    dtype = dtypes.from_any(dtype) if dtype is not None else dtypes.default_float
+    return Tensor(np.eye(n, m, dtype=dtype.np), device=device, requires_grad=requires_grad)
+
+  # ---- random numbers: host generator, seeded by manual_seed ----
+  @staticmethod
+  def manual_seed(seed: int = 0) -> None: Tensor._rng = np.random.default_rng(seed)
+
+  @staticmethod
+  def _random(values: np.ndarray, dtype, device, requires_grad) -> Tensor:
+    dtype = dtypes.from_any(dtype) if dtype is not None else dtypes.default_float
+    return Tensor(values.astype(dtype.np), device=device, requires_grad=requires_grad)
+
+  @staticmethod
+  def rand(*shape, dtype=None, device=None, requires_grad=None) -> Tensor:
+    shape = argfix(*shape)
+    _check_shape(shape, "rand")
+    return Tensor._random(Tensor._rng.random(shape, dtype=np.float32), dtype, device, requires_grad)
+
+  @staticmethod
+  def randn(*shape, dtype=None, device=None, requires_grad=None) -> Tensor:
+    shape = argfix(*shape)
+    _check_shape(shape, "randn")
+    return Tensor._random(Tensor._rng.standard_normal(shape, dtype=np.float32), dtype, device, requires_grad)
+
+  @staticmethod
+  def randint(low: int, high: int | None = None, size=(), dtype=None, device=None) -> Tensor:
+    if high is None: low, high = 0, low
+    return Tensor(Tensor._rng.integers(low, high, size=argfix(size)).astype((dtypes.from_any(dtype) if dtype else dtypes.int64).np), device=device)
+
+  @staticmethod
+  def uniform(*shape, low: float = 0.0, high: float = 1.0, dtype=None, device=None, requires_grad=None) -> Tensor:
+    shape = argfix(*shape)
+    return Tensor._random(Tensor._rng.uniform(low, high, shape), dtype, device, requires_grad)
+
+  @staticmethod
+  def normal(*shape, mean: float = 0.0, std: float = 1.0, dtype=None, device=None, requires_grad=None) -> Tensor:
+    shape = argfix(*shape)
+    return Tensor._random(Tensor._rng.normal(mean, std, shape), dtype, device, requires_grad)
+
+  @staticmethod
+  def kaiming_uniform(*shape, a: float = 0.01, dtype=None, device=None, requires_grad=None) -> Tensor:
+    """PyTorch's kaiming_uniform_ with leaky_relu gain: bound = gain * sqrt(3 / fan_in)."""
+    shape = argfix(*shape)
+    bound = math.sqrt(2.0 / (1 + a ** 2)) * math.sqrt(3.0 / prod(shape[1:]))
+    return Tensor.uniform(*shape, low=-bound, high=bound, dtype=dtype, device=device, requires_grad=requires_grad)
+
+  @staticmethod
+  def glorot_uniform(*shape, dtype=None, device=None, requires_grad=None) -> Tensor:
+    shape = argfix(*shape)
+    bound = math.sqrt(6.0 / (shape[0] + prod(shape[1:])))
+    return Tensor.uniform(*shape, low=-bound, high=bound, dtype=dtype, device=device, requires_grad=requires_grad)
+
+  # ---- autograd ----
+  def _toposort(self) -> list[Tensor]:
+    order, seen = [], set()
+    stack = [(self, False)]
+    while stack:
+      node, done = stack.pop()
+      if done:
+        order.append(node)
+        continue
+      if id(node) in seen: continue
+      seen.add(id(node))
+      stack.append((node, True))
+      if node._ctx is not None:
+        for parent in node._ctx.parents:
+          if id(parent) not in seen: stack.append((parent, False))
+    return order
+
+  def backward(self, gradient: Tensor | None = None) -> Tensor:
+    """Accumulate d(self)/d(leaf) into each leaf's .grad (self must be a scalar unless `gradient` is given)."""
+    if gradient is None:
+      if self.numel() != 1: raise RuntimeError(f"backward: grad can be implicitly created only for scalar outputs, got shape {_shape_str(self.shape)}")
+      gradient = Tensor.ones(self.shape, dtype=self.dtype, device=self.device)
+    if self._ctx is None and not self.requires_grad:
+      raise RuntimeError("backward: this tensor does not require grad and has no graph (was it made under no_grad()?)")
+    if gradient.shape != self.shape: raise ValueError(f"backward: gradient shape {_shape_str(gradient.shape)} != tensor shape {_shape_str(self.shape)}")
+    grads: dict[int, LazyBuffer] = {id(self): gradient.lazydata}
+    for node in reversed(self._toposort()):
+      grad = grads.pop(id(node), None)
+      if grad is None: continue
+      if node._ctx is None:
+        if node.requires_grad is not False:
+          new = Tensor(grad, requires_grad=False)
+          node.grad = new if node.grad is None else (node.grad + new)
+        continue
+      parent_grads = node._ctx.backward(grad)
+      if not isinstance(parent_grads, tuple): parent_grads = (parent_grads,)
+      for parent, pgrad in zip(node._ctx.parents, parent_grads):
+        if pgrad is None or parent.requires_grad is False: continue
+        if pgrad.shape != parent.shape: raise RuntimeError(f"internal: gradient shape {pgrad.shape} for {parent.shape} in {type(node._ctx).__name__}")
+        grads[id(parent)] = pgrad if id(parent) not in grads else grads[id(parent)].e(BinaryOps.ADD, pgrad)
+      # free the graph as we go, as PyTorch does without retain_graph
+      if node is not self: node._ctx = None
+    self._ctx = None
+    return self
+
+  # ---- helpers for argument checking ----
+  def _axis(self, axis: int, op: str, ndim: int | None = None) -> int:
+    ndim = self.ndim if ndim is None else ndim
+    if not isinstance(axis, (int, np.integer)): raise TypeError(f"{op}: axis must be an int, got {type(axis).__name__}")
+    lo, hi = (-ndim, ndim - 1) if ndim > 0 else (-1, 0)
+    if not lo <= axis <= hi:
+      raise IndexError(f"{op}: dimension {axis} out of range [{lo}, {hi}] for tensor of shape {_shape_str(self.shape)}")
+    return int(axis) % max(ndim, 1)
+
+  def _axes(self, axis, op: str) -> tuple[int, ...]:
+    if axis is None: return tuple(range(self.ndim))
+    axes = (axis,) if isinstance(axis, (int, np.integer)) else tuple(axis)
+    out = tuple(self._axis(a, op) for a in axes)
+    if len(set(out)) != len(out): raise ValueError(f"{op}: axis {axis} repeats a dimension")
+    return out
+
+  # ---- movement ----
+  def reshape(self, *shape) -> Tensor:
+    shape = argfix(*shape)
+    if sum(1 for s in shape if s == -1) > 1: raise ValueError(f"reshape: only one dimension can be -1, got {_shape_str(shape)}")
+    if any((not isinstance(s, (int, np.integer))) or s < -1 for s in shape): raise ValueError(f"reshape: invalid shape {_shape_str(shape)}")
+    known = prod(s for s in shape if s != -1)
+    if -1 in shape:
+      if known == 0 or self.numel() % known: raise ValueError(f"reshape: shape {_shape_str(shape)} is invalid for input of size {self.numel()} (shape {_shape_str(self.shape)})")
+      shape = tuple(self.numel() // known if s == -1 else s for s in shape)
+    if prod(shape) != self.numel(): raise ValueError(f"reshape: shape {_shape_str(shape)} is invalid for input of size {self.numel()} (shape {_shape_str(self.shape)})")
+    shape = tuple(int(s) for s in shape)
+    return self if shape == self.shape else F.Reshape.apply(self, shape=shape)
+  view = reshape
+
+  def permute(self, *order) -> Tensor:
+    order = argfix(*order)
+    if len(order) != self.ndim: raise ValueError(f"permute: order {order} has {len(order)} dims but tensor of shape {_shape_str(self.shape)} has {self.ndim}")
+    order = tuple(self._axis(o, "permute") for o in order)
+    if sorted(order) != list(range(self.ndim)): raise ValueError(f"permute: {order} is not a permutation of the dims of shape {_shape_str(self.shape)}")
+    return self if order == tuple(range(self.ndim)) else F.Permute.apply(self, order=order)
+
+  def expand(self, *shape) -> Tensor:
+    shape = argfix(*shape)
+    if len(shape) < self.ndim: raise ValueError(f"expand: shape {_shape_str(shape)} has fewer dims than tensor of shape {_shape_str(self.shape)}")
+    padded = (1,) * (len(shape) - self.ndim) + self.shape
+    new = tuple(p if s == -1 else s for s, p in zip(shape, padded))
+    for p, s in zip(padded, new):
+      if p != s and p != 1: raise ValueError(f"expand: cannot expand shape {_shape_str(self.shape)} to {_shape_str(shape)}")
+    x = self.reshape(padded) if padded != self.shape else self
+    return x if new == x.shape else F.Expand.apply(x, shape=new)
+  broadcast_to = expand
+
+  def pad(self, padding, mode: str = "constant", value: float = 0.0) -> Tensor:
+    """`padding` is PyTorch's flat form (last dim first: (left, right, top, bottom, ...)) or one (before, after) pair per dim."""
+    pairs = _pad_pairs(padding, self.ndim, self.shape)
+    if mode not in ("constant", "reflect", "replicate", "circular"): raise ValueError(f"pad: unknown mode {mode!r}")
+    if mode == "reflect": return self._pad_reflect(pairs)
+    if mode == "replicate" or mode == "circular": return self._pad_edges(pairs, mode)
+    # negative padding crops
+    if any(b < 0 or a < 0 for b, a in pairs):
+      crop = tuple((max(0, -b), s - max(0, -a)) for (b, a), s in zip(pairs, self.shape))
+      return self.shrink(crop).pad(tuple((max(0, b), max(0, a)) for b, a in pairs), value=value)
+    if all(b == 0 and a == 0 for b, a in pairs): return self
+    out = F.Pad.apply(self, arg=pairs)
+    if value == 0: return out
+    inside = Tensor.ones(self.shape, dtype=dtypes.bool, device=self.device).pad(pairs)
+    return inside.where(out, value)
+
+  def _pad_reflect(self, pairs) -> Tensor:
+    x = self
+    for dim, (before, after) in enumerate(pairs):
+      size = x.shape[dim]
+      if before >= size or after >= size:
+        raise ValueError(f"pad: reflect padding ({before}, {after}) must be smaller than dim {dim} of shape {_shape_str(self.shape)}")
+      parts = []
+      if before: parts.append(x._slice_dim(dim, 1, before + 1).flip(dim))
+      parts.append(x)
+      if after: parts.append(x._slice_dim(dim, size - after - 1, size - 1).flip(dim))
+      x = Tensor.cat(*parts, dim=dim) if len(parts) > 1 else x
+    return x
+
+  def _pad_edges(self, pairs, mode: str) -> Tensor:
+    x = self
+    for dim, (before, after) in enumerate(pairs):
+      size = x.shape[dim]
+      if mode == "replicate":
+        left, right = x._slice_dim(dim, 0, 1), x._slice_dim(dim, size - 1, size)
+        parts = [left.expand(*[before if d == dim else -1 for d in range(x.ndim)])] if before else []
+        parts += [x] + ([right.expand(*[after if d == dim else -1 for d in range(x.ndim)])] if after else [])
+      else:
+        parts = ([x._slice_dim(dim, size - before, size)] if before else []) + [x] + ([x._slice_dim(dim, 0, after)] if after else [])
+      x = Tensor.cat(*parts, dim=dim) if len(parts) > 1 else x
+    return x
+
+  def _slice_dim(self, dim: int, start: int, end: int) -> Tensor:
+    return self.shrink(tuple((start, end) if d == dim else (0, s) for d, s in enumerate(self.shape)))
+
+  def shrink(self, arg) -> Tensor:
+    """Keep window (start, end) of each dim; None keeps the whole dim."""
+    arg = tuple((0, s) if a is None else tuple(a) for a, s in zip(arg, self.shape))
+    if len(arg) != self.ndim: raise ValueError(f"shrink: need one window per dim of shape {_shape_str(self.shape)}, got {arg}")
+    for (start, end), s in zip(arg, self.shape):
+      if not 0 <= start <= end <= s: raise ValueError(f"shrink: window {arg} is out of bounds for shape {_shape_str(self.shape)}")
+    return self if all(a == (0, s) for a, s in zip(arg, self.shape)) else F.Shrink.apply(self, arg=arg)
+
+  def flip(self, *dims) -> Tensor:
+    dims = self._axes(argfix(*dims), "flip")
+    flags = tuple(i in dims for i in range(self.ndim))
+    return F.Flip.apply(self, axes=flags) if any(flags) else self
+
+  def transpose(self, dim0: int = 1, dim1: int = 0) -> Tensor:
+    dim0, dim1 = self._axis(dim0, "transpose"), self._axis(dim1, "transpose")
+    order = list(range(self.ndim))
+    order[dim0], order[dim1] = order[dim1], order[dim0]
+    return self.permute(order)
+
+  @property
+  def T(self) -> Tensor: return self.permute(tuple(reversed(range(self.ndim))))
+
+  def flatten(self, start_dim: int = 0, end_dim: int = -1) -> Tensor:
+    if self.ndim == 0: return self.reshape(1)
+    start, end = self._axis(start_dim, "flatten"), self._axis(end_dim, "flatten")
+    return self.reshape(self.shape[:start] + (prod(self.shape[start:end + 1]),) + self.shape[end + 1:])
+
+  def unflatten(self, dim: int, sizes) -> Tensor:
+    dim = self._axis(dim, "unflatten")
+    return self.reshape(self.shape[:dim] + tuple(sizes) + self.shape[dim + 1:])
+
+  def squeeze(self, dim: int | None = None) -> Tensor:
+    if dim is None: return self.reshape(tuple(s for s in self.shape if s != 1))
+    dim = self._axis(dim, "squeeze")
+    return self if self.shape[dim] != 1 else self.reshape(self.shape[:dim] + self.shape[dim + 1:])
+
+  def unsqueeze(self, dim: int) -> Tensor:
+    dim = self._axis(dim, "unsqueeze", self.ndim + 1)
+    return self.reshape(self.shape[:dim] + (1,) + self.shape[dim:])
+
+  def repeat(self, *repeats) -> Tensor:
+    repeats = argfix(*repeats)
+    if len(repeats) < self.ndim: raise ValueError(f"repeat: {len(repeats)} repeats for tensor of shape {_shape_str(self.shape)}")
+    base = (1,) * (len(repeats) - self.ndim) + self.shape
+    x = self.reshape(tuple(v for s in base for v in (1, s)))
+    x = x.expand(tuple(v for r, s in zip(repeats, base) for v in (r, s)))
+    return x.reshape(tuple(r * s for r, s in zip(repeats, base)))
+
+  def contiguous(self) -> Tensor: return F.Contiguous.apply(self)
+
+  def cat(self, *others: Tensor, dim: int = 0) -> Tensor:
+    tensors = (self,) + others
+    dim = self._axis(dim, "cat")
+    for t in others:
+      if t.ndim != self.ndim or any(a != b for i, (a, b) in enumerate(zip(t.shape, self.shape)) if i != dim):
+        raise ValueError(f"cat: shapes {[_shape_str(x.shape) for x in tensors]} differ outside dim {dim}")
+    dtype = promote_types(*[t.dtype for t in tensors])
+    total = sum(t.shape[dim] for t in tensors)
+    out, start = None, 0
+    for t in tensors:
+      size = t.shape[dim]
+      piece = t.cast(dtype).pad(tuple((start, total - start - size) if d == dim else (0, 0) for d in range(self.ndim)))
+      out = piece if out is None else (out | piece if dtype == dtypes.bool else out + piece)
+      start += size
+    return out
+
+  @staticmethod
+  def stack(*tensors, dim: int = 0) -> Tensor:
+    tensors = tensors[0] if len(tensors) == 1 and isinstance(tensors[0], (list, tuple)) else tensors
+    first = tensors[0]
+    for t in tensors[1:]:
+      if t.shape != first.shape: raise ValueError(f"stack: all tensors need the same shape, got {[_shape_str(x.shape) for x in tensors]}")
+    dim = first._axis(dim, "stack", first.ndim + 1)
+    return Tensor.cat(*[t.unsqueeze(dim) for t in tensors], dim=dim)
+
+  def split(self, split_size, dim: int = 0) -> list[Tensor]:
+    dim = self._axis(dim, "split")
+    size = self.shape[dim]
+    if isinstance(split_size, int):
+      if split_size <= 0: raise ValueError(f"split: split_size must be positive, got {split_size}")
+      sizes = [min(split_size, size - i) for i in range(0, size, split_size)] or [0]
+    else:
+      sizes = list(split_size)
+      if sum(sizes) != size: raise ValueError(f"split: sizes {sizes} don't add up to dim {dim} of shape {_shape_str(self.shape)}")
+    out, start = [], 0
+    for s in sizes:
+      out.append(self._slice_dim(dim, start, start + s))
+      start += s
+    return out
+
+  def chunk(self, chunks: int, dim: int = 0) -> list[Tensor]:
+    dim = self._axis(dim, "chunk")
+    return self.split(max(1, math.ceil(self.shape[dim] / chunks)), dim)
+
+  # ---- indexing ----
+  def __getitem__(self, index) -> Tensor:
+    from tinychad.indexing import getitem
+    return getitem(self, index)
+
+  def __setitem__(self, index, value) -> None:
+    from tinychad.indexing import setitem
+    setitem(self, index, value)
+
+  def gather(self, dim: int, index: Tensor) -> Tensor:
+    from tinychad.indexing import gather
+    return gather(self, dim, index)
+
+  def scatter(self, dim: int, index: Tensor, src, reduce: str | None = None) -> Tensor:
+    from tinychad.indexing import scatter
+    return scatter(self, dim, index, src, reduce)
+
+  def masked_fill(self, mask: Tensor, value) -> Tensor: return Tensor.where(mask, value, self)
+
+  def one_hot(self, num_classes: int = -1) -> Tensor:
+    if self.dtype.category != 1: raise TypeError(f"one_hot: needs an integer tensor, got {self.dtype}")
+    if num_classes == -1: num_classes = int(self.max().item()) + 1
+    return (self.unsqueeze(-1) == Tensor.arange(num_classes, device=self.device)).cast(dtypes.int64)
+
+  # ---- broadcasting and type promotion for binary ops ----
+  def _broadcasted(self, other, op: str, reverse: bool = False) -> tuple[Tensor, Tensor]:
+    x: Tensor = self
+    if isinstance(other, Tensor):
+      y = other
+      if y.device != x.device: raise ValueError(f"{op}: tensors are on different devices {x.device} and {y.device}")
+      groups = ([], [], [])
+      for t in (x, y): groups[0 if t.ndim else 1].append(t.dtype)
+      dtype = result_type(*groups)
+    elif isinstance(other, (bool, int, float, np.generic)):
+      other = other.item() if isinstance(other, np.generic) else other
+      dtype = result_type([x.dtype] if x.ndim else [], [] if x.ndim else [x.dtype], [scalar_dtype(other)])
+      y = Tensor(LazyBuffer.full(other, (), dtype, x.device))
+    else:
+      raise TypeError(f"{op}: unsupported operand type {type(other).__name__} with Tensor")
+    if reverse: x, y = y, x
+    x, y = x.cast(dtype), y.cast(dtype)
+    shape = _broadcast_shape(x.shape, y.shape, op)
+    return x.expand(shape), y.expand(shape)
+
+  # ---- elementwise math ----
+  def _float(self) -> Tensor: return self if self.dtype.is_float else self.cast(dtypes.default_float)
+
+  def neg(self) -> Tensor:
+    if self.dtype == dtypes.bool: raise TypeError("neg: negation of a bool tensor is not supported, use ~ or logical_not()")
+    return F.Neg.apply(self)
+  def __neg__(self) -> Tensor: return self.neg()
+  def reciprocal(self) -> Tensor: return F.Reciprocal.apply(self._float())
+  def sqrt(self) -> Tensor: return F.Sqrt.apply(self._float())
+  def rsqrt(self) -> Tensor: return self.sqrt().reciprocal()
+  def exp(self) -> Tensor: return F.Exp.apply(self._float())
+  def exp2(self) -> Tensor: return (self._float() * math.log(2)).exp()
+  def log(self) -> Tensor: return F.Log.apply(self._float())
+  def log2(self) -> Tensor: return self.log() / math.log(2)
+  def log10(self) -> Tensor: return self.log() / math.log(10)
+  def log1p(self) -> Tensor: return (self._float() + 1).log()
+  def expm1(self) -> Tensor: return self.exp() - 1
+  def sin(self) -> Tensor: return F.Sin.apply(self._float())
+  def cos(self) -> Tensor: return ((math.pi / 2) - self._float()).sin()
+  def tan(self) -> Tensor: return self.sin() / self.cos()
+  def sigmoid(self) -> Tensor: return F.Sigmoid.apply(self._float())
+  def relu(self) -> Tensor: return F.Relu.apply(self)
+  def trunc(self) -> Tensor: return F.Trunc.apply(self) if self.dtype.is_float else self
+  def floor(self) -> Tensor:
+    if not self.dtype.is_float: return self
+    t = self.trunc()
+    return (self < t).where(t - 1, t)
+  def ceil(self) -> Tensor:
+    if not self.dtype.is_float: return self
+    t = self.trunc()
+    return (self > t).where(t + 1, t)
+  def round(self) -> Tensor:
+    """Round half to even, as PyTorch does."""
+    if not self.dtype.is_float: return self
+    down = self.floor()
+    diff = self - down
+    even_down = (down * 0.5).floor() * 2 == down
+    return (diff > 0.5).where(down + 1, (diff < 0.5).where(down, even_down.where(down, down + 1)))
+  def abs(self) -> Tensor:
+    if self.dtype == dtypes.bool: return self
+    return self.relu() + (-self).relu()
+  def sign(self) -> Tensor:
+    if self.dtype == dtypes.bool: return self
+    return (self > 0).cast(self.dtype) - (self < 0).cast(self.dtype) + self * 0
+  def square(self) -> Tensor: return self * self
+  def tanh(self) -> Tensor: return 2.0 * (2.0 * self._float()).sigmoid() - 1.0
+  def sinh(self) -> Tensor: return (self.exp() - (-self._float()).exp()) / 2
+  def cosh(self) -> Tensor: return (self.exp() + (-self._float()).exp()) / 2
+  def atanh(self) -> Tensor: return ((1 + self._float()) / (1 - self._float())).log() / 2
+  def asinh(self) -> Tensor: return (self._float() + (self.square() + 1).sqrt()).log()
+  def acosh(self) -> Tensor: return (self._float() + (self.square() - 1).sqrt()).log()
+  def leaky_relu(self, negative_slope: float = 0.01) -> Tensor: return self.relu() - (-negative_slope * self).relu()
+  def elu(self, alpha: float = 1.0) -> Tensor: return self.relu() - alpha * (1 - self.exp()).relu()
+  def celu(self, alpha: float = 1.0) -> Tensor: return self.maximum(0) + (alpha * ((self / alpha).exp() - 1)).minimum(0)
+  def selu(self, alpha: float = 1.67326, gamma: float = 1.0507) -> Tensor: return gamma * (self >= 0).detach().where(self, alpha * (self.exp() - 1))
+  def swish(self) -> Tensor: return self * self.sigmoid()
+  silu = swish
+  def relu6(self) -> Tensor: return self.relu() - (self - 6).relu()
+  def hardswish(self) -> Tensor: return self * (self + 3).relu6() * (1 / 6)
+  def hardsigmoid(self) -> Tensor: return (self + 3).relu6() / 6
+  def hardtanh(self, min_val: float = -1.0, max_val: float = 1.0) -> Tensor: return self.clip(min_val, max_val)
+  def softplus(self, beta: float = 1.0, threshold: float = 20.0) -> Tensor:
+    scaled = self._float() * beta
+    # log(1+exp(x)) computed stably as max(x,0) + log(1+exp(-|x|)); linear above the threshold as in PyTorch
+    soft = (scaled.relu() + (-(scaled.abs())).exp().log1p()) / beta
+    return (scaled > threshold).detach().where(self._float(), soft)
+  def mish(self) -> Tensor: return self * self.softplus().tanh()
+  def quick_gelu(self) -> Tensor: return self * (self * 1.702).sigmoid()
+  def gelu(self, approximate: str = "none") -> Tensor:
+    if approximate == "tanh":
+      return 0.5 * self * (1 + (math.sqrt(2 / math.pi) * (self + 0.044715 * self * self * self)).tanh())
+    return 0.5 * self * (1 + (self / math.sqrt(2)).erf())
+  def erf(self) -> Tensor:
+    """Abramowitz & Stegun 7.1.26 (max error 1.5e-7), odd-extended to negative inputs."""
+    x = self._float()
+    sign = x.sign()
+    ax = x.abs()
+    t = 1.0 / (1.0 + 0.3275911 * ax)
+    poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))
+    return sign * (1.0 - poly * (-(ax * ax)).exp())
+  def clip(self, min_=None, max_=None) -> Tensor:
+    if min_ is None and max_ is None: raise ValueError("clip: at least one of min and max must be given")
+    x = self
+    if min_ is not None: x = x.maximum(min_)
+    if max_ is not None: x = x.minimum(max_)
+    return x
+  clamp = clip
+  def logical_not(self) -> Tensor: return self.cast(dtypes.bool) ^ True
+  def __invert__(self) -> Tensor:
+    if self.dtype.is_float: raise TypeError(f"bitwise_not: not defined for {self.dtype}")
+    return self ^ (True if self.dtype == dtypes.bool else -1)
+  def lerp(self, end: Tensor, weight) -> Tensor: return self + (end - self) * weight
+
+  def cast(self, dtype) -> Tensor:
+    dtype = dtypes.from_any(dtype)
+    return self if dtype == self.dtype else F.Cast.apply(self, dtype=dtype)
+  def float(self) -> Tensor: return self.cast(dtypes.float32)
+  def half(self) -> Tensor: return self.cast(dtypes.float16)
+  def double(self) -> Tensor: return self.cast(dtypes.float64)
+  def int(self) -> Tensor: return self.cast(dtypes.int32)
+  def long(self) -> Tensor: return self.cast(dtypes.int64)
+  def bool(self) -> Tensor: return self.cast(dtypes.bool)
+  def bitcast(self, dtype) -> Tensor:
+    dtype = dtypes.from_any(dtype)
+    if dtype.itemsize != self.dtype.itemsize: raise TypeError(f"bitcast: {self.dtype} and {dtype} differ in size")
+    return Tensor(self.lazydata.e(F.UnaryOps.BITCAST, arg=dtype) if dtype != self.dtype else self.lazydata)
+
+  # ---- binary ops ----
+  def add(self, other, reverse: bool = False) -> Tensor:
+    x, y = self._broadcasted(other, "add", reverse)
+    if x.dtype == dtypes.bool: return x | y
+    return F.Add.apply(x, y)
+  def sub(self, other, reverse: bool = False) -> Tensor:
+    x, y = self._broadcasted(other, "sub", reverse)
+    if x.dtype == dtypes.bool: raise TypeError("sub: subtraction of bool tensors is not supported, use ^ or logical_xor()")
+    return F.Sub.apply(x, y)
+  def mul(self, other, reverse: bool = False) -> Tensor:
+    x, y = self._broadcasted(other, "mul", reverse)
+    if x.dtype == dtypes.bool: return x & y
+    return F.Mul.apply(x, y)
+  def div(self, other, reverse: bool = False, rounding_mode: str | None = None) -> Tensor:
+    if rounding_mode == "floor": return self.floor_divide(other, reverse)
+    if rounding_mode == "trunc":
+      x, y = self._broadcasted(other, "div", reverse)
+      return F.NoGradBinary.apply(x, y, op=BinaryOps.DIV) if not x.dtype.is_float else (x / y).trunc()
+    x, y = self._broadcasted(other, "div", reverse)
+    return F.Div.apply(x._float(), y._float())
+  def floor_divide(self, other, reverse: bool = False) -> Tensor:
+    x, y = self._broadcasted(other, "floor_divide", reverse)
+    if x.dtype.is_float: return (x / y).floor()
+    quotient = F.NoGradBinary.apply(x, y, op=BinaryOps.DIV)
+    remainder = F.NoGradBinary.apply(x, y, op=BinaryOps.MOD)
+    # C truncates toward zero; Python and PyTorch floor: step down when the signs differ and it isn't exact
+    adjust = (remainder != 0) & ((remainder < 0) != (y < 0))
+    return adjust.where(quotient - 1, quotient)
+  def mod(self, other, reverse: bool = False) -> Tensor:
+    x, y = self._broadcasted(other, "remainder", reverse)
+    if x.dtype.is_float: return x - (x / y).floor() * y
+    remainder = F.NoGradBinary.apply(x, y, op=BinaryOps.MOD)
+    adjust = (remainder != 0) & ((remainder < 0) != (y < 0))
+    return adjust.where(remainder + y, remainder)
+  remainder = mod
+  def pow(self, exponent, reverse: bool = False) -> Tensor:
+    if not reverse and isinstance(exponent, (int, float)) and not isinstance(exponent, bool):
+      if exponent == 2: return self * self
+      if exponent == 1: return self * 1
+      if exponent == 0.5: return self.sqrt()
+      if exponent == -1: return self.reciprocal()
+      if exponent == 0: return self.ones_like() if self.dtype.is_float else self.ones_like(dtype=result_type([self.dtype], [], [scalar_dtype(exponent)]))
+    base, expo = self._broadcasted(exponent, "pow", reverse)
+    if not base.dtype.is_float:
+      return base._int_pow(expo)
+    # x**y = exp(y*log|x|), with the sign of x restored for odd integer exponents, and 0**y handled
+    magnitude = (expo * base.abs().log()).exp()
+    is_odd = (expo - 2 * (expo * 0.5).floor()).abs() == 1
+    negative = (base < 0).detach()
+    signed = (negative & is_odd).where(-magnitude, magnitude)
+    not_integer = (expo.floor() != expo).detach()
+    out = (negative & not_integer).where(math.nan, signed)
+    zero_base = (base == 0).detach()
+    return zero_base.where((expo == 0).where(1.0, (expo < 0).where(math.inf, 0.0)), out)
+  def _int_pow(self, expo: Tensor) -> Tensor:
+    """Integer powers by repeated squaring over the bits of the exponent (exponents >= 0, < 2**16)."""
+    result, base, e = self.ones_like(), self, expo
+    for _ in range(16):
+      result = ((e % 2) == 1).where(result * base, result)
+      base, e = base * base, e // 2
+    return result
+  def maximum(self, other) -> Tensor:
+    x, y = self._broadcasted(other, "maximum")
+    if x.dtype == dtypes.bool: return x | y
+    return F.Maximum.apply(x, y)
+  def minimum(self, other) -> Tensor:
+    x, y = self._broadcasted(other, "minimum")
+    if x.dtype == dtypes.bool: return x & y
+    if x.dtype.is_unsigned: return (x < y).where(x, y)
+    return -F.Maximum.apply(-x, -y)
+  def where(self, x, y) -> Tensor:
+    """self ? x : y (self is the condition), broadcasting all three."""
+    cond = self if isinstance(self, Tensor) else Tensor(self)
+    if not isinstance(x, Tensor) and not isinstance(y, Tensor):
+      ref = cond
+      dtype = result_type([], [], [scalar_dtype(x), scalar_dtype(y)])
+      x, y = Tensor(LazyBuffer.full(x, (), dtype, ref.device)), Tensor(LazyBuffer.full(y, (), dtype, ref.device))
+    elif not isinstance(x, Tensor): y, x = y._broadcasted(x, "where")
+    else: x, y = x._broadcasted(y, "where")
+    shape = _broadcast_shape(_broadcast_shape(cond.shape, x.shape, "where"), y.shape, "where")
+    return F.Where.apply(cond.cast(dtypes.bool).expand(shape), x.expand(shape), y.expand(shape))
+
+  def _compare(self, other, op: BinaryOps, name: str, reverse: bool = False) -> Tensor:
+    x, y = self._broadcasted(other, name, reverse)
+    return F.NoGradBinary.apply(x, y, op=op)
+  def __lt__(self, other) -> Tensor: return self._compare(other, BinaryOps.CMPLT, "lt")
+  def __gt__(self, other) -> Tensor: return self._compare(other, BinaryOps.CMPLT, "gt", reverse=True)
+  def __le__(self, other) -> Tensor: return (self > other).logical_not()
+  def __ge__(self, other) -> Tensor: return (self < other).logical_not()
+  def __eq__(self, other) -> Tensor: return self._compare(other, BinaryOps.CMPEQ, "eq")  # type: ignore[override]
+  def __ne__(self, other) -> Tensor: return self._compare(other, BinaryOps.CMPNE, "ne")  # type: ignore[override]
+  eq, ne, lt, gt, le, ge = __eq__, __ne__, __lt__, __gt__, __le__, __ge__
+
+  def _bitwise(self, other, op: BinaryOps, name: str, reverse: bool = False) -> Tensor:
+    x, y = self._broadcasted(other, name, reverse)
+    if x.dtype.is_float: raise TypeError(f"{name}: not defined for {x.dtype} tensors")
+    return F.NoGradBinary.apply(x, y, op=op)
+  def __and__(self, other) -> Tensor: return self._bitwise(other, BinaryOps.AND, "bitwise_and")
+  def __or__(self, other) -> Tensor: return self._bitwise(other, BinaryOps.OR, "bitwise_or")
+  def __xor__(self, other) -> Tensor: return self._bitwise(other, BinaryOps.XOR, "bitwise_xor")
+  def __rand__(self, other) -> Tensor: return self._bitwise(other, BinaryOps.AND, "bitwise_and", True)
+  def __ror__(self, other) -> Tensor: return self._bitwise(other, BinaryOps.OR, "bitwise_or", True)
+  def __rxor__(self, other) -> Tensor: return self._bitwise(other, BinaryOps.XOR, "bitwise_xor", True)
+  def logical_and(self, other) -> Tensor: return self.bool() & (other.bool() if isinstance(other, Tensor) else bool(other))
+  def logical_or(self, other) -> Tensor: return self.bool() | (other.bool() if isinstance(other, Tensor) else bool(other))
+  def logical_xor(self, other) -> Tensor: return self.bool() ^ (other.bool() if isinstance(other, Tensor) else bool(other))
+
+  def __add__(self, other) -> Tensor: return self.add(other)
+  def __radd__(self, other) -> Tensor: return self.add(other, True)
+  def __sub__(self, other) -> Tensor: return self.sub(other)
+  def __rsub__(self, other) -> Tensor: return self.sub(other, True)
+  def __mul__(self, other) -> Tensor: return self.mul(other)
+  def __rmul__(self, other) -> Tensor: return self.mul(other, True)
+  def __truediv__(self, other) -> Tensor: return self.div(other)
+  def __rtruediv__(self, other) -> Tensor: return self.div(other, True)
+  def __floordiv__(self, other) -> Tensor: return self.floor_divide(other)
+  def __rfloordiv__(self, other) -> Tensor: return self.floor_divide(other, True)
+  def __mod__(self, other) -> Tensor: return self.mod(other)
+  def __rmod__(self, other) -> Tensor: return self.mod(other, True)
+  def __pow__(self, other) -> Tensor: return self.pow(other)
+  def __rpow__(self, other) -> Tensor: return self.pow(other, True)
+  def __matmul__(self, other) -> Tensor: return self.matmul(other)
+  def __rmatmul__(self, other) -> Tensor: return Tensor(other).matmul(self) if not isinstance(other, Tensor) else other.matmul(self)
+  def __iadd__(self, other) -> Tensor: return self.assign(self + other)
+  def __isub__(self, other) -> Tensor: return self.assign(self - other)
+  def __imul__(self, other) -> Tensor: return self.assign(self * other)
+  def __itruediv__(self, other) -> Tensor: return self.assign(self / other)
+
+  # ---- reductions ----
+  def _reduce(self, fn, axis, keepdim: bool, op: str) -> Tensor:
+    axes = self._axes(axis, op)
+    if self.ndim == 0: return fn(self.reshape(1), (0,)).reshape(()) if axes == () or axes == (0,) else self
+    out = fn(self, axes) if axes else self
+    if keepdim: return out
+    return out.reshape(tuple(s for i, s in enumerate(self.shape) if i not in axes))
+
+  def sum(self, axis=None, keepdim: bool = False, dtype=None) -> Tensor:
+    x = self
+    if dtype is not None: x = x.cast(dtype)
+    elif not x.dtype.is_float: x = x.cast(dtypes.int64)
+    return x._reduce(lambda t, axes: F.Sum.apply(t, axis=axes), axis, keepdim, "sum")
+
+  def max(self, axis=None, keepdim: bool = False) -> Tensor:
+    if axis is None and self.numel() == 0: raise ValueError("max: empty tensor with no axis to reduce over")
+    for a in self._axes(axis, "max"):
+      if self.shape[a] == 0: raise ValueError(f"max: cannot reduce over dim {a} of size 0 (shape {_shape_str(self.shape)})")
+    return self._reduce(lambda t, axes: F.Max.apply(t, axis=axes), axis, keepdim, "max")
+
+  def min(self, axis=None, keepdim: bool = False) -> Tensor:
+    if self.dtype == dtypes.bool: return self.logical_not().max(axis, keepdim).logical_not()
+    if self.dtype.is_unsigned:
+      top = np.iinfo(self.dtype.np).max
+      return top - (top - self).max(axis, keepdim)
+    return -((-self).max(axis, keepdim))
+
+  def mean(self, axis=None, keepdim: bool = False, dtype=None) -> Tensor:
+    x = self.cast(dtype) if dtype is not None else self._float()
+    total = x.sum(axis, keepdim)
+    count = prod(s for i, s in enumerate(self.shape) if i in self._axes(axis, "mean"))
+    return total / count if count else total * math.nan
+
+  def var(self, axis=None, keepdim: bool = False, correction: int = 1, unbiased: bool | None = None) -> Tensor:
+    if unbiased is not None: correction = int(unbiased)
+    x = self._float()
+    centered = x - x.mean(axis, keepdim=True)
+    count = prod(s for i, s in enumerate(self.shape) if i in self._axes(axis, "var"))
+    return (centered * centered).sum(axis, keepdim) / max(0, count - correction)
+
+  def std(self, axis=None, keepdim: bool = False, correction: int = 1, unbiased: bool | None = None) -> Tensor:
+    return self.var(axis, keepdim, correction, unbiased).sqrt()
+
+  def prod(self, axis=None, keepdim: bool = False) -> Tensor:
+    """Product as exp(sum(log|x|)) with the sign and zeros tracked separately (differentiable)."""
+    x = self if self.dtype.is_float else self.cast(dtypes.int64)
+    if not x.dtype.is_float:
+      return x._prod_int(axis, keepdim)
+    negatives = (x < 0).cast(x.dtype).sum(axis, keepdim)
+    sign = 1 - 2 * (negatives - 2 * (negatives * 0.5).floor())
+    zeros = (x == 0).sum(axis, keepdim) > 0
+    safe = (x == 0).detach().where(1.0, x)
+    return zeros.where(0.0, sign * safe.abs().log().sum(axis, keepdim).exp())
+
+  def _prod_int(self, axis, keepdim: bool) -> Tensor:
+    axes = self._axes(axis, "prod")
+    x = self
+    for a in sorted(axes, reverse=True):
+      pieces = x.split(1, a)
+      acc = pieces[0]
+      for p in pieces[1:]: acc = acc * p
+      x = acc
+    if keepdim: return x
+    return x.reshape(tuple(s for i, s in enumerate(self.shape) if i not in axes))
+
+  def logsumexp(self, axis=None, keepdim: bool = False) -> Tensor:
+    x = self._float()
+    peak = x.max(axis, keepdim=True).detach()
+    peak = (peak.abs() == math.inf).where(0.0, peak)
+    out = (x - peak).exp().sum(axis, keepdim=True).log() + peak
+    return out if keepdim else out._squeeze_axes(self._axes(axis, "logsumexp"))
+
+  def _squeeze_axes(self, axes: tuple[int, ...]) -> Tensor:
+    return self.reshape(tuple(s for i, s in enumerate(self.shape) if i not in axes))
+
+  def softmax(self, axis: int = -1, dtype=None) -> Tensor:
+    x = self.cast(dtype) if dtype is not None else self._float()
+    shifted = x - x.max(axis, keepdim=True).detach()
+    e = shifted.exp()
+    return e / e.sum(axis, keepdim=True)
+
+  def log_softmax(self, axis: int = -1, dtype=None) -> Tensor:
+    x = self.cast(dtype) if dtype is not None else self._float()
+    shifted = x - x.max(axis, keepdim=True).detach()
+    return shifted - shifted.exp().sum(axis, keepdim=True).log()
+  logsoftmax = log_softmax
+
+  def argmax(self, axis: int | None = None, keepdim: bool = False) -> Tensor:
+    """Index of the first maximum (as PyTorch), found with a max over reversed positions."""
+    if axis is None: return self.flatten().argmax(0)
+    axis = self._axis(axis, "argmax")
+    size = self.shape[axis]
+    is_max = self == self.max(axis, keepdim=True)
+    countdown = Tensor.arange(size, 0, -1, device=self.device).reshape((size,) + (1,) * (self.ndim - axis - 1))
+    first = (is_max * countdown).max(axis, keepdim)
+    return (size - first).cast(dtypes.int64)
+
+  def argmin(self, axis: int | None = None, keepdim: bool = False) -> Tensor:
+    if self.dtype == dtypes.bool: return self.logical_not().argmax(axis, keepdim)
+    return (-self if not self.dtype.is_unsigned else (np.iinfo(self.dtype.np).max - self)).argmax(axis, keepdim)
+
+  def cumsum(self, axis: int = 0) -> Tensor:
+    axis = self._axis(axis, "cumsum")
+    x = self.transpose(axis, -1) if self.ndim else self.reshape(1)
+    n = x.shape[-1]
+    # each output j sums inputs i <= j: a lower-triangular mask times the broadcast input, reduced
+    lower = Tensor.arange(n, device=self.device).unsqueeze(1) >= Tensor.arange(n, device=self.device).unsqueeze(0)
+    out = lower.where(x.unsqueeze(-2), 0).sum(-1)
+    if not self.ndim: return out.reshape(())
+    return out.transpose(axis, -1)
+
+  def _triangle_mask(self, diagonal: int, lower: bool) -> Tensor:
+    rows, cols = self.shape[-2], self.shape[-1]
+    r = Tensor.arange(rows, device=self.device).unsqueeze(1) + diagonal
+    c = Tensor.arange(cols, device=self.device).unsqueeze(0)
+    return r >= c if lower else r <= c
+  def tril(self, diagonal: int = 0) -> Tensor: return self._triangle_mask(diagonal, True).where(self, 0)
+  def triu(self, diagonal: int = 0) -> Tensor: return self._triangle_mask(diagonal, False).where(self, 0)
+
+  def any(self, axis=None, keepdim: bool = False) -> Tensor: return self.bool().max(axis, keepdim)
+  def all(self, axis=None, keepdim: bool = False) -> Tensor: return self.bool().logical_not().any(axis, keepdim).logical_not()
+
+  # ---- matmul family ----
+  def dot(self, w: Tensor) -> Tensor:
+    """Matrix product with PyTorch's matmul rules for 1-D and batched inputs."""
+    x = self
+    if not isinstance(w, Tensor): raise TypeError(f"matmul: expected a Tensor, got {type(w).__name__}")
+    if x.ndim == 0 or w.ndim == 0: raise ValueError(f"matmul: both arguments need at least 1 dim, got shapes {_shape_str(x.shape)} and {_shape_str(w.shape)}")
+    k_x, k_w = x.shape[-1], w.shape[-2] if w.ndim > 1 else w.shape[0]
+    if k_x != k_w:
+      raise ValueError(f"matmul: shapes {_shape_str(x.shape)} and {_shape_str(w.shape)} can't be multiplied ({k_x} != {k_w}), dtypes {x.dtype} and {w.dtype}")
+    x_vec, w_vec = x.ndim == 1, w.ndim == 1
+    if x_vec: x = x.unsqueeze(0)
+    if w_vec: w = w.unsqueeze(1)
+    dtype = promote_types(x.dtype, w.dtype)
+    x, w = x.cast(dtype), w.cast(dtype)
+    batch = _broadcast_shape(x.shape[:-2], w.shape[:-2], "matmul")
+    n, k, m = x.shape[-2], x.shape[-1], w.shape[-1]
+    xb = x.expand(batch + (n, k)).reshape(batch + (n, 1, k))
+    wb = w.expand(batch + (k, m)).transpose(-1, -2).reshape(batch + (1, m, k))
+    out = (xb * wb).sum(-1, dtype=dtype if dtype.is_float else None)
+    if x_vec: out = out.squeeze(-2)
+    if w_vec: out = out.squeeze(-1)
+    return out
+  matmul = dot
+
+  def linear(self, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """x @ weight.T + bias (PyTorch's layout: weight is (out, in))."""
+    out = self.matmul(weight.T) if weight.ndim > 1 else self * weight
+    return out + bias if bias is not None else out
+
+  @staticmethod
+  def einsum(formula: str, *operands) -> Tensor:
+    from tinychad.nn.functional import einsum
+    return einsum(formula, *operands)
+
+  # ---- nn functions (in nn/functional.py, exposed as methods as tinygrad does) ----
+  def conv2d(self, weight: Tensor, bias: Tensor | None = None, stride=1, padding=0, dilation=1, groups: int = 1) -> Tensor:
+    from tinychad.nn.functional import conv
+    return conv(self, weight, bias, stride, padding, dilation, groups, 2, "conv2d")
+  def conv1d(self, weight: Tensor, bias: Tensor | None = None, stride=1, padding=0, dilation=1, groups: int = 1) -> Tensor:
+    from tinychad.nn.functional import conv
+    return conv(self, weight, bias, stride, padding, dilation, groups, 1, "conv1d")
+  def conv_transpose2d(self, weight: Tensor, bias: Tensor | None = None, stride=1, padding=0, output_padding=0, groups: int = 1, dilation=1) -> Tensor:
+    from tinychad.nn.functional import conv_transpose
+    return conv_transpose(self, weight, bias, stride, padding, output_padding, groups, dilation, 2)
+  def max_pool2d(self, kernel_size=2, stride=None, padding=0, dilation=1) -> Tensor:
+    from tinychad.nn.functional import max_pool
+    return max_pool(self, kernel_size, stride, padding, dilation, 2)
+  def avg_pool2d(self, kernel_size=2, stride=None, padding=0, count_include_pad: bool = True) -> Tensor:
+    from tinychad.nn.functional import avg_pool
+    return avg_pool(self, kernel_size, stride, padding, count_include_pad, 2)
+
+  def dropout(self, p: float = 0.5) -> Tensor:
+    if not 0 <= p <= 1: raise ValueError(f"dropout: p must be in [0, 1], got {p}")
+    if not Tensor.training or p == 0: return self
+    if p == 1: return self * 0
+    keep = Tensor(Tensor._rng.random(self.shape) >= p, device=self.device)
+    return keep.where(self, 0) * (1 / (1 - p))
+
+  def layernorm(self, axis=-1, eps: float = 1e-5) -> Tensor:
+    x = self._float()
+    mean = x.mean(axis, keepdim=True)
+    centered = x - mean
+    return centered * ((centered * centered).mean(axis, keepdim=True) + eps).rsqrt()
+
+  def batchnorm(self, weight: Tensor | None, bias: Tensor | None, mean: Tensor, invstd: Tensor) -> Tensor:
+    """Normalise over dim 1 (channels) with given statistics: (x - mean) * invstd * weight + bias."""
+    shape = (1, -1) + (1,) * (self.ndim - 2)
+    x = (self - mean.reshape(shape)) * invstd.reshape(shape)
+    if weight is not None: x = x * weight.reshape(shape)
+    return x + bias.reshape(shape) if bias is not None else x
+
+  def scaled_dot_product_attention(self, key: Tensor, value: Tensor, attn_mask: Tensor | None = None,
+                                   dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None) -> Tensor:
+    from tinychad.nn.functional import scaled_dot_product_attention
+    return scaled_dot_product_attention(self, key, value, attn_mask, dropout_p, is_causal, scale)
+
+  # ---- losses ----
+  def cross_entropy(self, target: Tensor, reduction: str = "mean", label_smoothing: float = 0.0, ignore_index: int = -100) -> Tensor:
+    from tinychad.nn.functional import cross_entropy
+    return cross_entropy(self, target, reduction, label_smoothing, ignore_index)
+  def nll_loss(self, target: Tensor, reduction: str = "mean", ignore_index: int = -100, weight: Tensor | None = None) -> Tensor:
+    from tinychad.nn.functional import nll_loss
+    return nll_loss(self, target, reduction, ignore_index, weight)
+  def NLLLoss(self, target) -> Tensor:
+    """The seed's name: mean negative log likelihood of `target` class indices under log-probabilities self."""
+    return self.nll_loss(target if isinstance(target, Tensor) else Tensor(np.asarray(target)))
+  def binary_cross_entropy(self, target: Tensor, reduction: str = "mean") -> Tensor:
+    from tinychad.nn.functional import binary_cross_entropy
+    return binary_cross_entropy(self, target, reduction)
+  def binary_cross_entropy_with_logits(self, target: Tensor, reduction: str = "mean", pos_weight: Tensor | None = None) -> Tensor:
+    from tinychad.nn.functional import binary_cross_entropy_with_logits
+    return binary_cross_entropy_with_logits(self, target, reduction, pos_weight)
+  def mse_loss(self, target: Tensor, reduction: str = "mean") -> Tensor:
+    from tinychad.nn.functional import mse_loss
+    return mse_loss(self, target, reduction)
+
+  def sequential(self, layers) -> Tensor:
+    x = self
+    for layer in layers: x = layer(x)
+    return x
+
+
+# ---- module-level helpers ----
+def _to_numpy(data, dtype: DType | None) -> np.ndarray:
+  if isinstance(data, np.ndarray) or isinstance(data, np.generic):
+    array = np.asarray(data)
+    if dtype is None:
+      dtype = dtypes.from_np(array.dtype) if array.dtype in [np.dtype(d.np) for d in dtypes.all()] else None
+      if dtype is None: raise TypeError(f"Tensor: numpy dtype {array.dtype} is not supported (use one of {[d.name for d in dtypes.all()]})")
+    return array.astype(dtype.np, copy=False)
+  if isinstance(data, (list, tuple)):
+    flat = _flatten_list(data)
+    try:
+      array = np.array(data)
+    except ValueError as err:
+      raise ValueError(f"Tensor: nested sequence has inconsistent lengths: {err}") from None
+    if array.dtype == object: raise ValueError("Tensor: nested sequence has inconsistent lengths")
+    if dtype is None:
+      if array.size == 0: dtype = dtypes.default_float
+      elif all(isinstance(v, bool) for v in flat): dtype = dtypes.bool
+      elif all(isinstance(v, (bool, int)) for v in flat): dtype = dtypes.default_int
+      elif all(isinstance(v, (bool, int, float)) for v in flat): dtype = dtypes.default_float
+      else: raise TypeError(f"Tensor: can't make a tensor from elements of type {sorted({type(v).__name__ for v in flat})}")
+    return array.astype(dtype.np)
+  if isinstance(data, (bool, int, float)):
+    return np.array(data, dtype=(dtype or scalar_dtype(data)).np)
+  raise TypeError(f"Tensor: can't make a tensor from {type(data).__name__}")
+
+
+def _flatten_list(data) -> list:
+  out, stack = [], [data]
+  while stack:
+    item = stack.pop()
+    if isinstance(item, (list, tuple)): stack.extend(item)
+    elif isinstance(item, Tensor): out.append(item.item())
+    else: out.append(item.item() if isinstance(item, np.generic) else item)
+  return out
+
+
+def _check_shape(shape, op: str) -> None:
+  for s in shape:
+    if not isinstance(s, (int, np.integer)) or s < 0: raise ValueError(f"{op}: invalid shape {_shape_str(shape)}")
+
+
+def _broadcast_shape(a: tuple[int, ...], b: tuple[int, ...], op: str) -> tuple[int, ...]:
+  ndim = max(len(a), len(b))
+  pa, pb = (1,) * (ndim - len(a)) + a, (1,) * (ndim - len(b)) + b
+  out = []
+  for x, y in zip(pa, pb):
+    if x != y and x != 1 and y != 1:
+      raise ValueError(f"{op}: shapes {_shape_str(a)} and {_shape_str(b)} can't be broadcast together")
+    out.append(y if x == 1 else x)
+  return tuple(out)
+
+
+def _pad_pairs(padding, ndim: int, shape) -> tuple[tuple[int, int], ...]:
+  padding = tuple(padding)
+  if all(isinstance(p, (tuple, list)) or p is None for p in padding):
+    if len(padding) != ndim: raise ValueError(f"pad: need one (before, after) pair per dim of shape {_shape_str(shape)}, got {padding}")
+    return tuple((0, 0) if p is None else (int(p[0]), int(p[1])) for p in padding)
+  if len(padding) % 2 or len(padding) // 2 > ndim:
+    raise ValueError(f"pad: padding {padding} must have an even length of at most {2 * ndim} for shape {_shape_str(shape)}")
+  pairs = [(0, 0)] * ndim
+  for i in range(len(padding) // 2):
+    pairs[ndim - 1 - i] = (int(padding[2 * i]), int(padding[2 * i + 1]))
+  return tuple(pairs)
+
+
+class no_grad(ContextDecorator):
+  """Operations inside record no graph for backward (PyTorch's torch.no_grad)."""
+  def __enter__(self):
+    self.previous = Tensor.no_grad
+    Tensor.no_grad = True
+  def __exit__(self, *exc):
+    Tensor.no_grad = self.previous
+    return False
+
+
+# the seed's lower-case name and its Linear layer
+tensor = Tensor
+
+
+def __getattr__(name: str):
+  # `from tinychad.tensor import Linear` works as in the seed, without an import cycle
+  if name == "Linear":
+    from tinychad.nn import Linear
+    return Linear
+  raise AttributeError(name)

@@ -1,0 +1,216 @@
+"""Views: how a tensor's elements sit in a flat buffer. Movement ops only change views, never data.
+
+in: a shape and a movement op (reshape, permute, expand, pad, shrink, flip)
+out: a new View (shape, strides, offset, validity mask) or, when one view can't express the access,
+     a ShapeTracker holding a stack of views, where each view indexes the contiguous layout of the one below.
+`ShapeTracker.expr_idxs` turns an index per dimension into (buffer index, valid); it works on plain
+ints, numpy index arrays (the numpy device) and symbolic nodes (the code generators) alike.
+"""
+from __future__ import annotations
+from dataclasses import dataclass
+from functools import cached_property
+import math
+
+Shape = tuple[int, ...]
+
+
+def strides_for_shape(shape: Shape) -> tuple[int, ...]:
+  """C-contiguous strides, with 0 for size-1 axes (so equal views compare equal)."""
+  strides, acc = [], 1
+  for size in reversed(shape):
+    strides.append(acc if size != 1 else 0)
+    acc *= size
+  return tuple(reversed(strides))
+
+
+def prod(xs) -> int:
+  return math.prod(xs)
+
+
+@dataclass(frozen=True)
+class View:
+  shape: Shape
+  strides: tuple[int, ...]
+  offset: int
+  mask: tuple[tuple[int, int], ...] | None
+
+  @staticmethod
+  def create(shape: Shape, strides: tuple[int, ...] | None = None, offset: int = 0,
+             mask: tuple[tuple[int, int], ...] | None = None) -> View:
+    shape = tuple(shape)
+    strides = strides_for_shape(shape) if strides is None else tuple(st if s != 1 else 0 for s, st in zip(shape, strides))
+    if mask is not None:
+      mask = tuple((max(0, lo), min(s, hi)) for (lo, hi), s in zip(mask, shape))
+      if any(lo >= hi for lo, hi in mask):
+        # nothing is valid: a view of zeros, reading nothing
+        return View(shape, (0,) * len(shape), 0, ((0, 0),) * len(shape))
+      if all(m == (0, s) for m, s in zip(mask, shape)): mask = None
+    return View(shape, strides, offset, mask)
+
+  @cached_property
+  def contiguous(self) -> bool:
+    return self.offset == 0 and self.mask is None and self.strides == strides_for_shape(self.shape)
+
+  # ---- movement ops: each returns a new View ----
+  def permute(self, order: tuple[int, ...]) -> View:
+    mask = tuple(self.mask[i] for i in order) if self.mask else None
+    return View.create(tuple(self.shape[i] for i in order), tuple(self.strides[i] for i in order), self.offset, mask)
+
+  def expand(self, new_shape: Shape) -> View:
+    if 0 in self.shape: return View.create(new_shape)
+    strides = tuple(st if s == ns else 0 for s, ns, st in zip(self.shape, new_shape, self.strides))
+    mask = None
+    if self.mask:
+      mask = tuple(m if s == ns else ((0, ns) if m != (0, 0) else (0, 0)) for m, s, ns in zip(self.mask, self.shape, new_shape))
+    return View.create(new_shape, strides, self.offset, mask)
+
+  def shrink(self, arg: tuple[tuple[int, int], ...]) -> View:
+    offset = self.offset + sum(start * st for (start, _), st in zip(arg, self.strides))
+    mask = None
+    if self.mask:
+      mask = tuple((max(lo, start) - start, min(hi, end) - start) for (lo, hi), (start, end) in zip(self.mask, arg))
+    return View.create(tuple(end - start for start, end in arg), self.strides, offset, mask)
+
+  def pad(self, arg: tuple[tuple[int, int], ...]) -> View:
+    if all(b == 0 and a == 0 for b, a in arg): return self
+    # padding is a shrink that starts before 0 and ends after the end; the new area is masked out
+    old_mask = self.mask or tuple((0, s) for s in self.shape)
+    mask = tuple((lo + b, hi + b) for (lo, hi), (b, _) in zip(old_mask, arg))
+    shape = tuple(s + b + a for s, (b, a) in zip(self.shape, arg))
+    offset = self.offset - sum(b * st for (b, _), st in zip(arg, self.strides))
+    return View.create(shape, self.strides, offset, mask)
+
+  def flip(self, axes: tuple[bool, ...]) -> View:
+    offset = self.offset + sum((s - 1) * st for s, st, f in zip(self.shape, self.strides, axes) if f and s > 0)
+    strides = tuple(-st if f else st for st, f in zip(self.strides, axes))
+    mask = None
+    if self.mask:
+      mask = tuple((s - hi, s - lo) if f else (lo, hi) for (lo, hi), s, f in zip(self.mask, self.shape, axes))
+    return View.create(self.shape, strides, offset, mask)
+
+  def reshape(self, new_shape: Shape) -> View | None:
+    """The same elements in a new shape as one view, or None when that needs a second view."""
+    if new_shape == self.shape: return self
+    if 0 in self.shape or 0 in new_shape: return View.create(new_shape)
+    if self.contiguous: return View.create(new_shape)
+    if self.mask is not None: return self._reshape_masked(new_shape)
+    strides = _nocopy_strides(self.shape, self.strides, new_shape)
+    return None if strides is None else View.create(new_shape, strides, self.offset)
+
+  def _reshape_masked(self, new_shape: Shape) -> View | None:
+    # only inserting or removing size-1 axes keeps a mask expressible in one view
+    old = [(s, st, m) for s, st, m in zip(self.shape, self.strides, self.mask) if s != 1 or m != (0, 1)]
+    if any(s == 1 for s, _, _ in old): return None
+    if [s for s, _, _ in old] != [s for s in new_shape if s != 1]: return None
+    it = iter(old)
+    strides, mask = [], []
+    for s in new_shape:
+      if s == 1: strides.append(0); mask.append((0, 1))
+      else:
+        _, st, m = next(it)
+        strides.append(st); mask.append(m)
+    return View.create(new_shape, tuple(strides), self.offset, tuple(mask))
+
+  # ---- indexing ----
+  def expr(self, idxs: list):
+    """Buffer index and validity for one index per axis (valid is None when always valid)."""
+    index = self.offset
+    for i, s, st in zip(idxs, self.shape, self.strides):
+      if st != 0 and s != 1: index = i * st + index
+    valid = None
+    if self.mask is not None:
+      for i, (lo, hi), s in zip(idxs, self.mask, self.shape):
+        if lo == 0 and hi == s: continue
+        if lo == hi: return index, False
+        conds = ([i >= lo] if lo > 0 else []) + ([i < hi] if hi < s else [])
+        for c in conds: valid = c if valid is None else valid & c
+    return index, valid
+
+
+def _nocopy_strides(old_shape: Shape, old_strides: tuple[int, ...], new_shape: Shape) -> tuple[int, ...] | None:
+  """Strides that give `new_shape` over the same memory, merging and splitting axes (numpy's rule)."""
+  old = [(s, st) for s, st in zip(old_shape, old_strides) if s != 1]
+  new = list(new_shape)
+  new_strides = [0] * len(new)
+  oi, oj, ni, nj = 0, 1, 0, 1
+  while ni < len(new) and oi < len(old):
+    np_, op = new[ni], old[oi][0]
+    while np_ != op:
+      if np_ < op: np_ *= new[nj]; nj += 1
+      else: op *= old[oj][0]; oj += 1
+    for k in range(oi, oj - 1):
+      if old[k][1] != old[k + 1][0] * old[k + 1][1]: return None
+    new_strides[nj - 1] = old[oj - 1][1]
+    for k in range(nj - 1, ni, -1): new_strides[k - 1] = new_strides[k] * new[k]
+    ni, nj, oi, oj = nj, nj + 1, oj, oj + 1
+  return tuple(new_strides)
+
+
+@dataclass(frozen=True)
+class ShapeTracker:
+  views: tuple[View, ...]
+
+  @staticmethod
+  def from_shape(shape: Shape) -> ShapeTracker:
+    return ShapeTracker((View.create(tuple(shape)),))
+
+  @property
+  def shape(self) -> Shape: return self.views[-1].shape
+
+  @property
+  def size(self) -> int: return prod(self.shape)
+
+  @property
+  def contiguous(self) -> bool: return len(self.views) == 1 and self.views[0].contiguous
+
+  @property
+  def has_mask(self) -> bool: return any(v.mask is not None for v in self.views)
+
+  def _replace_top(self, view: View) -> ShapeTracker:
+    return ShapeTracker(self.views[:-1] + (view,))
+
+  def permute(self, order: tuple[int, ...]) -> ShapeTracker: return self._replace_top(self.views[-1].permute(order))
+  def expand(self, shape: Shape) -> ShapeTracker: return self._replace_top(self.views[-1].expand(shape))
+  def shrink(self, arg) -> ShapeTracker: return self._replace_top(self.views[-1].shrink(arg))
+  def pad(self, arg) -> ShapeTracker: return self._replace_top(self.views[-1].pad(arg))
+  def flip(self, axes: tuple[bool, ...]) -> ShapeTracker: return self._replace_top(self.views[-1].flip(axes))
+
+  def reshape(self, new_shape: Shape) -> ShapeTracker:
+    view = self.views[-1].reshape(tuple(new_shape))
+    if view is not None: return self._replace_top(view)
+    return ShapeTracker(self.views + (View.create(tuple(new_shape)),)).simplify()
+
+  def __add__(self, other: ShapeTracker) -> ShapeTracker:
+    """Compose: `other` describes an access into a contiguous tensor of shape self.shape."""
+    st = self
+    for view in other.views:
+      st = ShapeTracker(st.views + (view,)).simplify()
+    return st
+
+  def simplify(self) -> ShapeTracker:
+    views = list(self.views)
+    while len(views) >= 2:
+      below, top = views[-2], views[-1]
+      if below.contiguous:
+        views.pop(-2)                         # an identity map on flat indices
+      elif top.contiguous and (merged := below.reshape(top.shape)) is not None:
+        views[-2:] = [merged]
+      else: break
+    return ShapeTracker(tuple(views))
+
+  def expr_idxs(self, idxs: list):
+    """(buffer index, valid) for one index per axis of self.shape; valid is None when always valid."""
+    index, valid = self.views[-1].expr(idxs)
+    for view in reversed(self.views[:-1]):
+      sub, acc = [], 1
+      for pos, size in enumerate(reversed(view.shape)):
+        if size == 1: sub.append(0)
+        else:
+          part = index if acc == 1 else index // acc
+          # the outermost axis needs no modulo: the flat index never exceeds the buffer
+          sub.append(part if pos == len(view.shape) - 1 else part % size)
+        acc *= size
+      index, more_valid = view.expr(list(reversed(sub)))
+      if more_valid is False or valid is False: return index, False
+      if more_valid is not None: valid = more_valid if valid is None else valid & more_valid
+    return index, valid
