@@ -1,0 +1,90 @@
+"""Bad input raises a clear error at the user's call, naming the op, the shapes and the dtypes."""
+from __future__ import annotations
+import numpy as np
+import pytest
+from tinychad import Tensor, dtypes
+
+
+def raises(exc, *words):
+  """pytest.raises that also checks the message names every word given."""
+  class Checker:
+    def __enter__(self):
+      self.ctx = pytest.raises(exc)
+      self.info = self.ctx.__enter__()
+      return self.info
+    def __exit__(self, *args):
+      handled = self.ctx.__exit__(*args)
+      message = str(self.info.value)
+      for word in words: assert word in message, f"{word!r} not in {message!r}"
+      return handled
+  return Checker()
+
+
+def test_broadcast_mismatch():
+  with raises(ValueError, "add", "(2, 3)", "(4,)"): Tensor.ones(2, 3) + Tensor.ones(4)
+
+
+def test_matmul_mismatch_names_shapes_and_dtypes():
+  with raises(ValueError, "matmul", "(2, 3)", "(4, 5)", "float32"): Tensor.ones(2, 3) @ Tensor.ones(4, 5)
+  with raises(ValueError, "matmul", "1 dim"): Tensor.ones(()) @ Tensor.ones(3)
+
+
+def test_reshape_invalid():
+  with raises(ValueError, "reshape", "(4, 4)", "9"): Tensor.ones(3, 3).reshape(4, 4)
+  with raises(ValueError, "reshape", "-1"): Tensor.ones(3, 3).reshape(-1, -1)
+
+
+def test_cat_and_stack_mismatch():
+  with raises(ValueError, "cat", "(2, 3)", "(2, 4)"): Tensor.ones(2, 3).cat(Tensor.ones(2, 4), dim=0)
+  with raises(ValueError, "stack"): Tensor.stack(Tensor.ones(2), Tensor.ones(3))
+
+
+def test_bad_axes():
+  with raises(IndexError, "sum", "dimension 2", "(2, 3)"): Tensor.ones(2, 3).sum(2)
+  with raises(IndexError, "permute"): Tensor.ones(2, 3).permute(0, 5)
+  with raises(ValueError, "permute"): Tensor.ones(2, 3).permute(0, 0)
+  with raises(TypeError, "axis"): Tensor.ones(2, 3).sum("0")
+
+
+def test_bad_dtypes():
+  with raises(TypeError, "dtype"): Tensor([1, 2], dtype="complex64")
+  with raises(TypeError, "uint32"): Tensor(np.array([1, 2], dtype=np.uint32))
+  with raises(TypeError, "str"): Tensor(["a", "b"])
+  with raises(TypeError, "bitwise_and", "float32"): Tensor([1.0]) & Tensor([1.0])
+  with raises(TypeError, "one_hot", "float32"): Tensor([1.0]).one_hot(3)
+
+
+def test_invalid_indices():
+  t = Tensor.ones(3, 4)
+  with raises(IndexError, "index 3", "size 3"): t[3]
+  with raises(IndexError, "too many indices", "(3, 4)"): t[0, 0, 0]
+  with raises(IndexError, "7", "size 3"): t[Tensor([0, 7])]
+  with raises(IndexError, "gather", "size 4"): t.gather(1, Tensor([[0, 9]]))
+  with raises(TypeError, "unsupported index"): t["x"]
+
+
+def test_loss_and_conv_inputs():
+  with raises(IndexError, "nll_loss", "10 classes"): Tensor.ones(2, 10).nll_loss(Tensor([1, 12]))
+  with raises(TypeError, "nll_loss", "float32"): Tensor.ones(2, 10).nll_loss(Tensor([1.0, 2.0]))
+  with raises(ValueError, "conv2d", "(1, 3, 8, 8)", "(4, 2, 3, 3)"): Tensor.ones(1, 3, 8, 8).conv2d(Tensor.ones(4, 2, 3, 3))
+
+
+def test_creation_errors():
+  with raises(ValueError, "full", "-1"): Tensor.full((2, -1), 0.0)
+  with raises(ValueError, "inconsistent"): Tensor([[1, 2], [3]])
+  with raises(ValueError, "item", "(2,)"): Tensor([1, 2]).item()
+
+
+def test_backward_errors():
+  with raises(RuntimeError, "scalar", "(2,)"): Tensor([1.0, 2.0], requires_grad=True).mul(2).backward()
+  x = Tensor([1.0], requires_grad=False)
+  with raises(RuntimeError, "does not require grad"): x.backward()
+
+
+def test_errors_come_before_any_kernel_runs():
+  from tinychad import GlobalCounters
+  a = Tensor.ones(2, 3) * 2
+  GlobalCounters.reset()
+  with raises(ValueError, "mul"): a * Tensor.ones(3, 2)
+  assert GlobalCounters.kernel_count == 0
+  assert a.dtype == dtypes.float32
