@@ -12,26 +12,55 @@ import numpy as np
 from tinychad.dtype import DType
 
 
-def _aligned_empty(size: int, dtype: DType, alignment: int = 64) -> np.ndarray:
-  nbytes = max(size * dtype.itemsize, 1)
-  raw = np.empty(nbytes + alignment, dtype=np.uint8)
-  start = (-raw.ctypes.data) % alignment
-  return raw[start:start + size * dtype.itemsize].view(dtype.np)
+class _MemoryPool:
+  """Freed buffers wait here for the next buffer of the same byte size: fresh memory is slow to touch
+  (page faults), and a training step asks for the same sizes every time. Bounded so it can't hoard."""
+  LIMIT_BYTES = 1 << 30
+
+  def __init__(self):
+    self.free: dict[int, list[np.ndarray]] = {}
+    self.pooled_bytes = 0
+
+  def take(self, nbytes: int, alignment: int = 64) -> np.ndarray:
+    if self.free.get(nbytes):
+      self.pooled_bytes -= nbytes
+      return self.free[nbytes].pop()
+    raw = np.empty(nbytes + alignment, dtype=np.uint8)
+    start = (-raw.ctypes.data) % alignment
+    return raw[start:start + nbytes]
+
+  def give(self, memory: np.ndarray) -> None:
+    if self.pooled_bytes + memory.nbytes > self.LIMIT_BYTES: return
+    self.free.setdefault(memory.nbytes, []).append(memory)
+    self.pooled_bytes += memory.nbytes
+
+  def clear(self) -> None:
+    self.free.clear()
+    self.pooled_bytes = 0
+
+
+memory_pool = _MemoryPool()
 
 
 class Buffer:
-  """`size` elements of `dtype` in host memory for `device`."""
+  """`size` elements of `dtype` in host memory for `device` (64-byte aligned, from the pool)."""
   def __init__(self, device: str, size: int, dtype: DType):
     self.device, self.size, self.dtype = device, size, dtype
+    self._memory: np.ndarray | None = None
     self._data: np.ndarray | None = None
 
   def __repr__(self) -> str: return f"<Buffer {self.device} {self.size} {self.dtype.name}>"
+
+  def __del__(self):
+    if self._memory is not None and memory_pool is not None: memory_pool.give(self._memory)
 
   @property
   def nbytes(self) -> int: return self.size * self.dtype.itemsize
 
   def allocate(self) -> Buffer:
-    if self._data is None: self._data = _aligned_empty(self.size, self.dtype)
+    if self._data is None:
+      self._memory = memory_pool.take(self.nbytes)
+      self._data = self._memory.view(self.dtype.np)
     return self
 
   def copyin(self, array: np.ndarray) -> Buffer:

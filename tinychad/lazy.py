@@ -46,7 +46,7 @@ class LazyBuffer:
   @staticmethod
   def from_numpy(array: np.ndarray, device: str) -> LazyBuffer:
     from tinychad.device import Buffer
-    array = np.ascontiguousarray(array)
+    array = np.ascontiguousarray(array).reshape(array.shape)   # ascontiguousarray makes 0-d arrays 1-d
     lb = LazyBuffer(device, ShapeTracker.from_shape(array.shape), dtypes.from_np(array.dtype), LoadOps.FROM_NUMPY)
     lb.realized = Buffer(device, array.size, lb.dtype).copyin(array.reshape(-1))
     return lb
@@ -106,8 +106,8 @@ class LazyBuffer:
 
   # ---- running ----
   def realize(self) -> LazyBuffer:
-    from tinychad.engine.schedule import create_schedule, run_schedule
-    run_schedule(create_schedule([self]))
+    from tinychad.engine.schedule import realize
+    realize([self])
     return self
 
   def numpy(self) -> np.ndarray:

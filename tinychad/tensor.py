@@ -20,7 +20,7 @@ from tinychad.ops import BinaryOps, LoadOps
 Scalar = int | float | bool
 
 
-def _shape_str(shape) -> str: return "(" + ", ".join(str(s) for s in shape) + ")"
+def _shape_str(shape) -> str: return str(tuple(int(s) for s in shape))
 
 
 class Tensor:
@@ -82,8 +82,8 @@ class Tensor:
   # ---- running ----
   def realize(self, *others: Tensor) -> Tensor:
     """Compute this tensor (and `others`) now, in one schedule."""
-    from tinychad.engine.schedule import create_schedule, run_schedule
-    run_schedule(create_schedule([t.lazydata for t in (self,) + others]))
+    from tinychad.engine.schedule import realize
+    realize([t.lazydata for t in (self,) + others])
     return self
   exec = realize
 

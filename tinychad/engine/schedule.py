@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 import time
-from tinychad.helpers import DEBUG, GlobalCounters, prod
+from tinychad.helpers import DEBUG, GlobalCounters, getenv, prod
 from tinychad.lazy import LazyBuffer
 from tinychad.ops import BufferOps, KernelNode, LoadOps, ReduceOps, ALU_OPS
 from tinychad.view import ShapeTracker
@@ -186,6 +186,15 @@ def create_schedule(outs: list[LazyBuffer]) -> list[ScheduleItem]:
   for out in outs:
     if out.base.op is not LoadOps.CONST or out.base in scheduler.targets: scheduler.realize(out.base)
   return scheduler.items
+
+
+def realize(outs: list[LazyBuffer]) -> None:
+  """Schedule and run: the one entry point Tensor.realize and LazyBuffer.realize use."""
+  items = create_schedule(outs)
+  if getenv("GRAPH", 0):
+    from tinychad.viz import save_graphs
+    for path in save_graphs(outs, items): print(f"graph: {path}")
+  run_schedule(items)
 
 
 def run_schedule(items: list[ScheduleItem]) -> None:
