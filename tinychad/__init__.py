@@ -7,5 +7,6 @@ from tinychad.tensor import Tensor, no_grad
 from tinychad.dtype import dtypes, DType
 from tinychad.device import Device
 from tinychad.helpers import GlobalCounters
+from tinychad.engine.jit import TinyJit
 
-__all__ = ["Tensor", "no_grad", "dtypes", "DType", "Device", "GlobalCounters"]
+__all__ = ["Tensor", "no_grad", "dtypes", "DType", "Device", "GlobalCounters", "TinyJit"]

@@ -6,7 +6,6 @@ out: a graph of LazyBuffers. A *base* LazyBuffer computes a contiguous buffer fr
      never copy). realize() hands the bases to the scheduler (engine/schedule.py).
 """
 from __future__ import annotations
-import weakref
 import numpy as np
 from tinychad.dtype import DType, dtypes
 from tinychad.ops import UnaryOps, BinaryOps, TernaryOps, ReduceOps, LoadOps, COMPARISONS, Op
@@ -21,9 +20,6 @@ class LazyBuffer:
     if base is None:
       self.op, self.arg, self.srcs = op, arg, srcs
       self.realized = None        # a runtime Buffer once computed
-    # consumers are tracked only for graph pictures; weak so the graph can be freed
-    self.children: weakref.WeakSet = weakref.WeakSet()
-    for s in srcs: s.base.children.add(self)
 
   def __repr__(self) -> str:
     if self._base is not None: return f"<LB view {self.shape} {self.dtype.name} of {self.base!r}>"

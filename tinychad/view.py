@@ -29,6 +29,14 @@ def prod(xs) -> int:
 
 @dataclass(frozen=True)
 class View:
+  # hashed often (kernel trees are dict keys): compute it once
+  def __hash__(self) -> int:
+    cached = self.__dict__.get("_hash")
+    if cached is None:
+      cached = hash((self.shape, self.strides, self.offset, self.mask))
+      object.__setattr__(self, "_hash", cached)
+    return cached
+
   shape: Shape
   strides: tuple[int, ...]
   offset: int
@@ -150,6 +158,13 @@ def _nocopy_strides(old_shape: Shape, old_strides: tuple[int, ...], new_shape: S
 class ShapeTracker:
   views: tuple[View, ...]
 
+  def __hash__(self) -> int:
+    cached = self.__dict__.get("_hash")
+    if cached is None:
+      cached = hash(self.views)
+      object.__setattr__(self, "_hash", cached)
+    return cached
+
   @staticmethod
   def from_shape(shape: Shape) -> ShapeTracker:
     return ShapeTracker((View.create(tuple(shape)),))
@@ -193,7 +208,8 @@ class ShapeTracker:
       below, top = views[-2], views[-1]
       if below.contiguous:
         views.pop(-2)                         # an identity map on flat indices
-      elif top.contiguous and (merged := below.reshape(top.shape)) is not None:
+      # a contiguous top is a reshape of `below` only when it reads all of it (else it reads a prefix)
+      elif top.contiguous and prod(top.shape) == prod(below.shape) and (merged := below.reshape(top.shape)) is not None:
         views[-2:] = [merged]
       else: break
     return ShapeTracker(tuple(views))

@@ -35,22 +35,45 @@ class ScheduleItem:
   def is_kernel(self) -> bool: return self.ast.op is BufferOps.STORE
 
   @property
-  def full_shape(self) -> tuple[int, ...]:
-    """The iteration space: the reduce's input shape, else the output shape."""
-    reduce = next((n for n in self.ast.walk() if isinstance(n.op, ReduceOps)), None)
-    return reduce.arg[1] if reduce is not None else self.ast.arg[1].shape
+  def name(self) -> str:
+    """What the kernel does and its sizes: E_4096 for elementwise, r_64_10_784 for a reduce."""
+    return _kernel_info(self.ast, self.output.shape)[0]
 
   @property
-  def name(self) -> str:
-    if not self.is_kernel: return self.ast.op.name.lower()
-    reduce = next((n for n in self.ast.walk() if isinstance(n.op, ReduceOps)), None)
-    if reduce is None: return "E_" + "_".join(str(s) for s in self.output.shape if s != 1) if self.output.size != 1 else "E_1"
-    full, axes = reduce.arg[1], reduce.arg[0]
-    kept = [str(s) for i, s in enumerate(full) if i not in axes and s != 1]
-    reduced = [str(s) for i, s in enumerate(full) if i in axes]
-    return "r_" + "_".join(kept + reduced)
+  def full_shape(self) -> tuple[int, ...]:
+    """The iteration space: the reduce's input shape, else the output shape."""
+    return _kernel_info(self.ast, self.output.shape)[1]
+
+  @property
+  def op_count(self) -> int:
+    """ALU and reduce ops per point of the iteration space (for FLOP counts)."""
+    return _kernel_info(self.ast, self.output.shape)[2]
 
   def __repr__(self) -> str: return f"<ScheduleItem {self.name} -> {self.output.shape} {self.output.dtype.name}>"
+
+
+_info_cache: dict = {}
+
+
+def _kernel_info(ast: KernelNode, out_shape: tuple[int, ...]) -> tuple[str, tuple[int, ...], int]:
+  """(name, iteration space, ops per point) of a kernel tree, worked out once per distinct tree."""
+  key = (ast, out_shape)
+  if key in _info_cache: return _info_cache[key]
+  if ast.op is not BufferOps.STORE:
+    info = (ast.op.name.lower(), out_shape, 0)
+  else:
+    nodes = ast.walk()
+    ops = sum(1 for n in nodes if isinstance(n.op, ALU_OPS) or isinstance(n.op, ReduceOps))
+    reduce = next((n for n in nodes if isinstance(n.op, ReduceOps)), None)
+    if reduce is None:
+      info = ("E_" + ("_".join(str(s) for s in out_shape if s != 1) or "1"), ast.arg[1].shape, ops)
+    else:
+      axes, full = reduce.arg
+      kept = [str(s) for i, s in enumerate(full) if i not in axes and s != 1]
+      reduced = [str(s) for i, s in enumerate(full) if i in axes]
+      info = ("r_" + "_".join(kept + reduced), full, ops)
+  _info_cache[key] = info
+  return info
 
 
 class _Scheduler:
@@ -197,6 +220,10 @@ def realize(outs: list[LazyBuffer]) -> None:
   run_schedule(items)
 
 
+# set by TinyJit while it records: called with (item, buffers) for every kernel run, (None, [out, in]) for copies
+capture = None
+
+
 def run_schedule(items: list[ScheduleItem]) -> None:
   from tinychad.device import Buffer, Device
   start = time.perf_counter()
@@ -206,9 +233,12 @@ def run_schedule(items: list[ScheduleItem]) -> None:
     buf = Buffer(out.device, out.size, out.dtype).allocate()
     if item.ast.op is LoadOps.COPY:
       buf.copyin(item.inputs[0].realized.as_numpy())
+      if capture is not None: capture(None, [buf, item.inputs[0].realized])
     elif item.is_kernel and out.size > 0:
       t0 = time.perf_counter()
-      Device[out.device].exec(item, [buf] + [i.realized for i in item.inputs])
+      bufs = [buf] + [i.realized for i in item.inputs]
+      Device[out.device].exec(item, bufs)
+      if capture is not None: capture(item, bufs)
       elapsed = time.perf_counter() - t0
       kernels += 1
       _count(item, elapsed)
@@ -220,8 +250,7 @@ def run_schedule(items: list[ScheduleItem]) -> None:
 
 
 def _count(item: ScheduleItem, elapsed: float) -> None:
-  ops = sum(1 for n in item.ast.walk() if isinstance(n.op, ALU_OPS) or isinstance(n.op, ReduceOps))
   GlobalCounters.kernel_count += 1
-  GlobalCounters.global_ops += ops * prod(item.full_shape)
+  GlobalCounters.global_ops += item.op_count * prod(item.full_shape)
   GlobalCounters.global_mem += item.output.size * item.output.dtype.itemsize + sum(i.size * i.dtype.itemsize for i in item.inputs)
   GlobalCounters.time_sum_s += elapsed

@@ -1,0 +1,50 @@
+"""Device selection and copies between devices."""
+from __future__ import annotations
+import os
+import subprocess
+import sys
+import numpy as np
+import pytest
+from tinychad import Tensor, Device
+from conftest import ALL_DEVICES
+
+
+def default_device(**env: str) -> str:
+  code = "from tinychad import Device; print(Device.DEFAULT)"
+  clean = {k: v for k, v in os.environ.items() if k not in ("DEVICE", "LLVM")}
+  out = subprocess.run([sys.executable, "-c", code], env={**clean, **env}, capture_output=True, text=True, timeout=60)
+  assert out.returncode == 0, out.stderr
+  return out.stdout.strip()
+
+
+def test_default_is_cpu_where_a_compiler_exists():
+  assert default_device() == ("CPU" if Device.available("CPU") else "LLVM" if Device.available("LLVM") else "NUMPY")
+
+
+@pytest.mark.parametrize("env,expected", [({"DEVICE": "NUMPY"}, "NUMPY"), ({"DEVICE": "llvm"}, "LLVM"), ({"LLVM": "1"}, "LLVM"), ({"DEVICE": "CPU"}, "CPU")])
+def test_env_selects_device(env, expected):
+  assert default_device(**env) == expected
+
+
+def test_unknown_device_is_a_clear_error():
+  with pytest.raises(ValueError, match="unknown device 'TPU'"): Tensor([1.0], device="TPU")
+
+
+@pytest.mark.parametrize("source", ALL_DEVICES)
+@pytest.mark.parametrize("target", ALL_DEVICES)
+def test_copies_between_devices(source, target):
+  data = np.arange(12, dtype=np.float32).reshape(3, 4)
+  x = Tensor(data, device=source)
+  moved = (x.T * 2).to(target)
+  assert moved.device == target
+  out = (moved + Tensor.ones(4, 3, device=target)).numpy()
+  np.testing.assert_allclose(out, data.T * 2 + 1)
+
+
+def test_gradients_flow_across_a_copy():
+  devices = ALL_DEVICES[-2:] if len(ALL_DEVICES) > 1 else ALL_DEVICES * 2
+  x = Tensor([1.0, 2.0, 3.0], device=devices[0], requires_grad=True)
+  y = (x * 3).to(devices[1]).sum()
+  y.backward()
+  assert x.grad.device == devices[0]
+  np.testing.assert_allclose(x.grad.numpy(), [3.0, 3.0, 3.0])

@@ -1,0 +1,90 @@
+"""TinyJit: replays match running without it; new shapes or changed Python values record afresh."""
+from __future__ import annotations
+import itertools
+import numpy as np
+from tinychad import Tensor, TinyJit, GlobalCounters
+from tinychad.nn import Linear
+from tinychad.nn.optim import SGD
+
+
+def make_model(seed: int = 0):
+  Tensor.manual_seed(seed)
+  return Linear(12, 8), Linear(8, 3)
+
+
+def train(step, x, y, steps: int) -> list[float]:
+  return [step(x, y).item() for _ in range(steps)]
+
+
+def make_step(l1, l2, opt):
+  def step(x, y):
+    loss = l2(l1(x).relu()).cross_entropy(y)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    return loss
+  return step
+
+
+def test_replayed_training_matches_plain_training():
+  x, y = Tensor.randn(6, 12).realize(), Tensor(np.array([0, 1, 2, 0, 1, 2]))
+  results = []
+  for jit in (False, True):
+    l1, l2 = make_model()
+    opt = SGD([l1.weight, l1.bias, l2.weight, l2.bias], lr=0.1, momentum=0.9)
+    step = make_step(l1, l2, opt)
+    results.append((train(TinyJit(step) if jit else step, x, y, 8), l1.weight.numpy()))
+  np.testing.assert_allclose(results[0][0], results[1][0], rtol=1e-6)
+  np.testing.assert_allclose(results[0][1], results[1][1], rtol=1e-6)
+
+
+def test_replay_skips_graph_building_and_uses_new_inputs():
+  calls = itertools.count()   # an iterator holds no number the JIT's snapshot would see change
+
+  @TinyJit
+  def forward(a, b):
+    next(calls)
+    return (a * b + 1).relu().sum(1)
+
+  for i in range(5):
+    a, b = Tensor.randn(4, 5), Tensor.randn(4, 5)
+    out = forward(a, b)
+    np.testing.assert_allclose(out.numpy(), np.maximum(a.numpy() * b.numpy() + 1, 0).sum(1), rtol=1e-5)
+  assert next(calls) == 2     # the Python body ran to compile and to record, then replays
+  GlobalCounters.reset()
+  forward(Tensor.randn(4, 5), Tensor.randn(4, 5))
+  assert GlobalCounters.kernel_count == 0   # replays bypass the scheduler (and its counters)
+
+
+def test_new_shapes_record_again():
+  @TinyJit
+  def double(a): return a * 2
+  for shape in ((3,), (3,), (3,), (4, 2), (4, 2), (4, 2)):
+    a = Tensor.randn(*shape)
+    np.testing.assert_allclose(double(a).numpy(), a.numpy() * 2)
+
+
+def test_changed_python_value_is_not_replayed_stale():
+  settings = {"scale": 2.0}
+
+  @TinyJit
+  def scaled(a): return a * settings["scale"]
+
+  a = Tensor.randn(5)
+  for _ in range(3): np.testing.assert_allclose(scaled(a).numpy(), a.numpy() * 2)
+  settings["scale"] = 5.0
+  np.testing.assert_allclose(scaled(a).numpy(), a.numpy() * 5)
+
+
+def test_changed_learning_rate_is_used():
+  x, y = Tensor.randn(6, 12).realize(), Tensor(np.array([0, 1, 2, 0, 1, 2]))
+  finals = []
+  for jit in (False, True):
+    l1, l2 = make_model(1)
+    opt = SGD([l1.weight, l1.bias, l2.weight, l2.bias], lr=0.1)
+    step = make_step(l1, l2, opt)
+    step = TinyJit(step) if jit else step
+    train(step, x, y, 3)
+    opt.lr = 0.5
+    finals.append(train(step, x, y, 3))
+  np.testing.assert_allclose(finals[0], finals[1], rtol=1e-6)

@@ -1,0 +1,180 @@
+"""TinyJit: capture the kernels a function runs, then replay them without Python graph building.
+
+in: a function of Tensors that returns Tensors (a training step, a model forward)
+out: the same function, faster. Call 1 runs normally (compiles kernels); call 2 runs normally while
+recording every kernel and the buffers it touched; later calls with the same input shapes and dtypes
+replay the recording with the new inputs' buffers, skipping the Tensor, autograd and scheduler layers.
+
+State: a tensor updated with `assign()` inside the function (parameters, optimizer moments) is
+rebound to its freshly written buffer after each replay, so training steps work. A Python value the
+function reads (say `optimizer.lr`) is baked into the kernels as a constant: the JIT snapshots the
+plain numbers reachable from the function's arguments, closure and globals, and records afresh when
+one changes rather than replaying a stale value.
+"""
+from __future__ import annotations
+import functools
+import types
+from typing import Any, Callable
+from tinychad.device import Buffer, Device
+from tinychad.engine import schedule
+from tinychad.lazy import LazyBuffer
+from tinychad.ops import LoadOps
+from tinychad.tensor import Tensor
+from tinychad.view import ShapeTracker
+
+
+class _Recording:
+  """What call 2 ran: kernels with their buffers, the tensors assigned, and the outputs."""
+  def __init__(self):
+    self.steps: list[tuple[Any, list[Buffer]]] = []      # (ScheduleItem or None for a copy, buffers)
+    self.assigned: dict[int, tuple[Tensor, Buffer]] = {}  # id(tensor) -> (tensor, buffer before the call)
+
+
+_active: _Recording | None = None
+
+
+def note_assign(tensor: Tensor) -> None:
+  """Called by Tensor.assign: remember the buffer the tensor held before the recorded call changed it."""
+  if _active is None or id(tensor) in _active.assigned: return
+  base = tensor.lazydata.base
+  if base.realized is None:
+    raise RuntimeError("TinyJit: a tensor assigned inside a jitted function must be realized before the call")
+  _active.assigned[id(tensor)] = (tensor, base.realized)
+
+
+def note_run(item, bufs: list[Buffer]) -> None:
+  """Called by run_schedule for every kernel and copy it runs."""
+  if _active is not None: _active.steps.append((item, list(bufs)))
+
+
+def _scalar_state(roots: list, depth: int = 2) -> tuple:
+  """The plain numbers and strings reachable from `roots` (a shallow walk): the Python values a
+  function can bake into kernels."""
+  found, seen = [], set()
+
+  def visit(obj, path: str, level: int) -> None:
+    if isinstance(obj, (bool, int, float, str, type(None))):
+      found.append((path, obj))
+      return
+    if level == 0 or id(obj) in seen or isinstance(obj, (Tensor, LazyBuffer, Buffer, types.ModuleType, type, types.FunctionType)):
+      return
+    seen.add(id(obj))
+    if isinstance(obj, (list, tuple)):
+      for i, item in enumerate(obj[:64]): visit(item, f"{path}[{i}]", level - 1)
+    elif isinstance(obj, dict):
+      for key in list(obj)[:64]: visit(obj[key], f"{path}[{key!r}]", level - 1)
+    elif hasattr(obj, "__dict__"):
+      for name, value in vars(obj).items(): visit(value, f"{path}.{name}", level - 1)
+
+  for number, root in enumerate(roots): visit(root, f"#{number}", depth)
+  return tuple(found)
+
+
+class TinyJit:
+  def __init__(self, fn: Callable):
+    self.fn = fn
+    self.calls = 0
+    self.recording: _Recording | None = None
+    self.key = None
+    self.state = None
+    functools.update_wrapper(self, fn)
+
+  def __get__(self, obj, objtype=None):
+    # used as a method decorator: bind like a function would
+    return self if obj is None else functools.partial(self.__call__, obj)
+
+  def reset(self) -> None:
+    self.calls, self.recording, self.key, self.state = 0, None, None, None
+
+  def _roots(self, args, kwargs) -> list:
+    fn = self.fn
+    roots = [a for a in args if not isinstance(a, Tensor)] + [v for v in kwargs.values() if not isinstance(v, Tensor)]
+    code = getattr(fn, "__code__", None)
+    if code is not None:
+      roots += [cell.cell_contents for cell in (fn.__closure__ or ()) if _cell_filled(cell)]
+      roots += [fn.__globals__[name] for name in code.co_names if name in fn.__globals__]
+    return roots
+
+  def __call__(self, *args, **kwargs):
+    tensors = [a for a in args if isinstance(a, Tensor)] + [v for v in kwargs.values() if isinstance(v, Tensor)]
+    if tensors: Tensor.realize(*tensors)
+    key = tuple((t.shape, t.dtype, t.device, t.lazydata.st) for t in tensors)
+    state = _scalar_state(self._roots(args, kwargs))
+    if self.recording is not None and key == self.key and state == self.state:
+      return self._replay(tensors)
+    if self.recording is not None or (self.key is not None and (key != self.key or state != self.state)):
+      self.reset()
+    self.calls += 1
+    self.key, self.state = key, state
+    if self.calls < 2: return self.fn(*args, **kwargs)
+    return self._record(tensors, args, kwargs)
+
+  def _record(self, tensors: list[Tensor], args, kwargs):
+    global _active
+    recording = _Recording()
+    _active = recording
+    schedule.capture, Tensor.assign_listener = note_run, note_assign
+    try:
+      out = self.fn(*args, **kwargs)
+      outs = _flatten(out)
+      if outs: Tensor.realize(*outs)
+    finally:
+      _active = None
+      schedule.capture, Tensor.assign_listener = None, None
+    for t in outs:
+      if t.lazydata.base.realized is None:
+        raise RuntimeError("TinyJit: a returned tensor was not computed by a kernel (a constant?); return computed tensors")
+    recording.inputs = [t.lazydata.base.realized for t in tensors]
+    recording.outputs = [(t.lazydata.base.realized, t.lazydata.base.shape, t.lazydata.st) for t in outs]
+    recording.assigned_after = [(t, t.lazydata.base.realized, t.lazydata.base.shape, t.lazydata.st) for t, _ in recording.assigned.values()]
+    recording.structure = out
+    self.recording = recording
+    return out
+
+  def _replay(self, tensors: list[Tensor]):
+    rec = self.recording
+    swap: dict[int, Buffer] = {}
+    for old, new in zip(rec.inputs, tensors): swap[id(old)] = new.lazydata.base.realized
+    for tensor, before in rec.assigned.values(): swap[id(before)] = tensor.lazydata.base.realized
+    fresh: dict[int, Buffer] = {}
+    for buf, *_ in rec.outputs: fresh[id(buf)] = Buffer(buf.device, buf.size, buf.dtype).allocate()
+    for _, after, _, _ in rec.assigned_after: fresh[id(after)] = Buffer(after.device, after.size, after.dtype).allocate()
+    swap.update(fresh)
+    for item, bufs in rec.steps:
+      mapped = [swap.get(id(b), b) for b in bufs]
+      if item is None: mapped[0].copyin(mapped[1].as_numpy())
+      else: Device[item.output.device].exec(item, mapped)
+    for tensor, after, base_shape, st in rec.assigned_after:
+      tensor.lazydata = _wrap(swap[id(after)], base_shape, st)
+    outs = [Tensor(_wrap(swap[id(buf)], base_shape, st)) for buf, base_shape, st in rec.outputs]
+    return _rebuild(rec.structure, iter(outs))
+
+
+def _cell_filled(cell) -> bool:
+  try:
+    cell.cell_contents
+  except ValueError:
+    return False
+  return True
+
+
+def _wrap(buf: Buffer, base_shape: tuple[int, ...], st: ShapeTracker) -> LazyBuffer:
+  """A realized LazyBuffer over `buf`, seen through the view the recorded tensor had."""
+  base = LazyBuffer(buf.device, ShapeTracker.from_shape(base_shape), buf.dtype, LoadOps.FROM_NUMPY)
+  base.realized = buf
+  return base if st == base.st else LazyBuffer(buf.device, st, buf.dtype, base=base)
+
+
+def _flatten(out) -> list[Tensor]:
+  if isinstance(out, Tensor): return [out]
+  if isinstance(out, (list, tuple)): return [t for o in out for t in _flatten(o)]
+  if isinstance(out, dict): return [t for o in out.values() for t in _flatten(o)]
+  return []
+
+
+def _rebuild(structure, outs):
+  if isinstance(structure, Tensor): return next(outs)
+  if isinstance(structure, (list, tuple)): return type(structure)(_rebuild(s, outs) for s in structure)
+  if isinstance(structure, dict): return {k: _rebuild(v, outs) for k, v in structure.items()}
+  return structure
+
