@@ -26,7 +26,7 @@ def test_reduce_fuses_its_inputs():
   a, b = rand(8, 32), rand(8, 32)
   out = (a * b).sum(1)
   assert kernels(out) == 1
-  np.testing.assert_allclose(out.numpy(), (a.numpy() * b.numpy()).sum(1), rtol=1e-5)
+  np.testing.assert_allclose(out.numpy(), (a.numpy() * b.numpy()).sum(1), rtol=1e-5, atol=1e-5)
 
 
 def test_elementwise_after_reduce_fuses():

@@ -22,7 +22,7 @@ class Function:
   def apply(cls, *tensors, **kwargs):
     from tinychad.tensor import Tensor
     ctx = cls(*tensors)
-    out = Tensor(ctx.forward(*[t.lazydata for t in tensors], **kwargs), requires_grad=ctx.requires_grad)
+    out = Tensor(ctx.forward(*[t.lazydata for t in tensors], **kwargs), requires_grad=False if Tensor.no_grad else ctx.requires_grad)
     if ctx.requires_grad and not Tensor.no_grad: out._ctx = ctx
     return out
 
@@ -34,6 +34,13 @@ def _bool_to(x: LazyBuffer, like: LazyBuffer) -> LazyBuffer: return x.cast(like.
 class Contiguous(Function):
   def forward(self, x: LazyBuffer) -> LazyBuffer: return x.contiguous()
   def backward(self, grad: LazyBuffer) -> LazyBuffer: return grad
+
+
+class Copy(Function):
+  def forward(self, x: LazyBuffer, device: str) -> LazyBuffer:
+    self.input_device = x.device
+    return x.copy_to_device(device)
+  def backward(self, grad: LazyBuffer) -> LazyBuffer: return grad.copy_to_device(self.input_device)
 
 
 class Cast(Function):
@@ -160,6 +167,26 @@ class Maximum(Function):
     share_y = grad.const_like(1).e(BinaryOps.SUB, share_x)
     return (share_x.e(BinaryOps.MUL, grad) if self.needs_input_grad[0] else None,
             share_y.e(BinaryOps.MUL, grad) if self.needs_input_grad[1] else None)
+
+
+class Remainder(Function):
+  """PyTorch's (and Python's) remainder: C's fmod moved into the divisor's sign, for floats and integers.
+  d/dx = 1, d/dy = -floor(x / y)."""
+  def forward(self, x: LazyBuffer, y: LazyBuffer) -> LazyBuffer:
+    self.x, self.y = x, y
+    rem = x.e(BinaryOps.MOD, y)
+    zero = rem.const_like(0)
+    signs_differ = rem.e(BinaryOps.CMPLT, zero).e(BinaryOps.CMPNE, y.e(BinaryOps.CMPLT, y.const_like(0)))
+    adjust = rem.e(BinaryOps.CMPNE, zero).e(BinaryOps.AND, signs_differ)
+    return adjust.e(TernaryOps.WHERE, rem.e(BinaryOps.ADD, y), rem)
+  def backward(self, grad: LazyBuffer):
+    grad_y = None
+    if self.needs_input_grad[1]:
+      quotient = self.x.e(BinaryOps.DIV, self.y)
+      truncated = quotient.e(UnaryOps.TRUNC)
+      floor = quotient.e(BinaryOps.CMPLT, truncated).e(TernaryOps.WHERE, truncated.e(BinaryOps.SUB, truncated.const_like(1)), truncated)
+      grad_y = floor.e(UnaryOps.NEG).e(BinaryOps.MUL, grad)
+    return grad if self.needs_input_grad[0] else None, grad_y
 
 
 class NoGradBinary(Function):

@@ -28,11 +28,17 @@ def _normalize(t: Tensor, index) -> list:
   else:
     items += [slice(None)] * (t.ndim - consumed)
   # a bool mask becomes integer indices for each dim it covers (data dependent, so realized here)
-  out = []
+  out, dim = [], 0
   for i in items:
     if isinstance(i, Tensor) and i.dtype == dtypes.bool:
-      out.extend(Tensor(n.astype(np.int64)) for n in np.nonzero(i.numpy()))
-    else: out.append(i)
+      covered = t.shape[dim:dim + i.ndim]
+      if i.shape != covered:
+        raise IndexError(f"getitem: mask of shape {_shape_str(i.shape)} doesn't match dims {_shape_str(covered)} of tensor shape {_shape_str(t.shape)}")
+      out.extend(Tensor(n.astype(np.int64), device=t.device) for n in np.nonzero(i.numpy()))
+      dim += i.ndim
+    else:
+      out.append(i)
+      dim += 0 if i is None else 1
   return out
 
 
@@ -177,11 +183,16 @@ def scatter(t: Tensor, dim: int, index: Tensor, src, reduce: str | None = None) 
     # (index.shape + (size,)) reduced over `dim`, then the target size moved back into `dim`
     return x.transpose(dim, -1).squeeze(-1).pad(pad_rest)
 
+  if reduce not in (None, "add", "multiply"): raise ValueError(f"scatter: reduce must be None, 'add' or 'multiply', got {reduce!r}")
+  if 0 in index.shape: return t
   written = to_target(one_hot.any(dim, keepdim=True))
   if reduce == "multiply":
     factors = one_hot.where(src.unsqueeze(-1), 1).prod(dim, keepdim=True)
     return written.where(t * to_target(factors), t)
+  if reduce is None:
+    # several writes to one place: the last one (the largest position along dim) wins, as on PyTorch's CPU
+    positions = Tensor.arange(1, index.shape[dim] + 1, device=t.device).reshape(tuple(-1 if d == dim else 1 for d in range(t.ndim + 1)))
+    rank = one_hot.where(positions, 0)
+    one_hot = one_hot & (rank == rank.max(dim, keepdim=True))
   contributions = to_target(one_hot.where(src.unsqueeze(-1), 0).sum(dim, keepdim=True, dtype=t.dtype))
-  if reduce == "add": return t + contributions
-  if reduce is not None: raise ValueError(f"scatter: reduce must be None, 'add' or 'multiply', got {reduce!r}")
-  return written.where(contributions, t)
+  return t + contributions if reduce == "add" else written.where(contributions, t)

@@ -27,6 +27,7 @@ class Tensor:
   __slots__ = ("lazydata", "requires_grad", "grad", "_ctx", "__weakref__")
   training: bool = False   # dropout and batchnorm look at this
   no_grad: bool = False    # set by the no_grad() context: no graph for backward is recorded
+  assign_listener = None   # set by TinyJit while it records, to learn which tensors a step updates
   _rng: np.random.Generator = np.random.default_rng(0)
 
   def __init__(self, data, device: str | None = None, dtype: DType | str | None = None, requires_grad: bool | None = None):
@@ -119,14 +120,14 @@ class Tensor:
     if isinstance(device_or_dtype, DType) or device_or_dtype in (bool, int, float): return self.cast(device_or_dtype)
     device = Device.canonicalize(device_or_dtype)
     if device == self.device: return self
-    out = Tensor(self.lazydata.copy_to_device(device), requires_grad=self.requires_grad)
-    return out
+    return F.Copy.apply(self, device=device)
   def cpu(self) -> Tensor: return self.to("CPU")
 
   def assign(self, other) -> Tensor:
     """Replace this tensor's value (used by optimizers); shapes and dtypes must match."""
     other = other if isinstance(other, Tensor) else Tensor(other, device=self.device, dtype=self.dtype)
     if other.shape != self.shape: raise ValueError(f"assign: shape {_shape_str(other.shape)} does not match {_shape_str(self.shape)}")
+    if Tensor.assign_listener is not None: Tensor.assign_listener(self)
     self.lazydata = other.lazydata.cast(self.dtype)
     return self
 
@@ -384,6 +385,7 @@ class Tensor:
 
   def transpose(self, dim0: int = 1, dim1: int = 0) -> Tensor:
     dim0, dim1 = self._axis(dim0, "transpose"), self._axis(dim1, "transpose")
+    if self.ndim == 0: return self
     order = list(range(self.ndim))
     order[dim0], order[dim1] = order[dim1], order[dim0]
     return self.permute(order)
@@ -400,10 +402,10 @@ class Tensor:
     dim = self._axis(dim, "unflatten")
     return self.reshape(self.shape[:dim] + tuple(sizes) + self.shape[dim + 1:])
 
-  def squeeze(self, dim: int | None = None) -> Tensor:
-    if dim is None: return self.reshape(tuple(s for s in self.shape if s != 1))
-    dim = self._axis(dim, "squeeze")
-    return self if self.shape[dim] != 1 else self.reshape(self.shape[:dim] + self.shape[dim + 1:])
+  def squeeze(self, dim=None) -> Tensor:
+    """Drop size-1 dims: all of them, or those of `dim` (an int or a tuple of ints) that have size 1."""
+    dims = self._axes(dim, "squeeze")
+    return self.reshape(tuple(s for i, s in enumerate(self.shape) if i not in dims or s != 1))
 
   def unsqueeze(self, dim: int) -> Tensor:
     dim = self._axis(dim, "unsqueeze", self.ndim + 1)
@@ -420,6 +422,8 @@ class Tensor:
   def contiguous(self) -> Tensor: return F.Contiguous.apply(self)
 
   def cat(self, *others: Tensor, dim: int = 0) -> Tensor:
+    """Tensor.cat(a, b, dim=d), a.cat(b, dim=d) or PyTorch's Tensor.cat([a, b], dim=d)."""
+    if isinstance(self, (list, tuple)): self, others = self[0], tuple(self[1:]) + others
     tensors = (self,) + others
     dim = self._axis(dim, "cat")
     for t in others:
@@ -480,7 +484,10 @@ class Tensor:
     from tinychad.indexing import scatter
     return scatter(self, dim, index, src, reduce)
 
-  def masked_fill(self, mask: Tensor, value) -> Tensor: return Tensor.where(mask, value, self)
+  def masked_fill(self, mask: Tensor, value) -> Tensor:
+    """self where mask is False, else value (cast to self's dtype, as PyTorch does)."""
+    value = value.cast(self.dtype) if isinstance(value, Tensor) else Tensor.full((), value, dtype=self.dtype, device=self.device)
+    return Tensor.where(mask, value, self)
 
   def one_hot(self, num_classes: int = -1) -> Tensor:
     if self.dtype.category != 1: raise TypeError(f"one_hot: needs an integer tensor, got {self.dtype}")
@@ -514,6 +521,7 @@ class Tensor:
     if self.dtype == dtypes.bool: raise TypeError("neg: negation of a bool tensor is not supported, use ~ or logical_not()")
     return F.Neg.apply(self)
   def __neg__(self) -> Tensor: return self.neg()
+  def __abs__(self) -> Tensor: return self.abs()
   def reciprocal(self) -> Tensor: return F.Reciprocal.apply(self._float())
   def sqrt(self) -> Tensor: return F.Sqrt.apply(self._float())
   def rsqrt(self) -> Tensor: return self.sqrt().reciprocal()
@@ -546,11 +554,15 @@ class Tensor:
     even_down = (down * 0.5).floor() * 2 == down
     return (diff > 0.5).where(down + 1, (diff < 0.5).where(down, even_down.where(down, down + 1)))
   def abs(self) -> Tensor:
-    if self.dtype == dtypes.bool: return self
+    if self.dtype.is_unsigned: return self
     return self.relu() + (-self).relu()
   def sign(self) -> Tensor:
     if self.dtype == dtypes.bool: return self
-    return (self > 0).cast(self.dtype) - (self < 0).cast(self.dtype) + self * 0
+    # sign(nan) is 0 as in PyTorch; the zero gradient still reaches self
+    return (self > 0).cast(self.dtype) - (self < 0).cast(self.dtype) + self._graph_zeros()
+  def _graph_zeros(self) -> Tensor:
+    """Zeros (also where self is inf or nan) that keep self in the graph, so self gets a zero gradient."""
+    return (self.abs() < math.inf).where(self * 0, 0)
   def square(self) -> Tensor: return self * self
   def tanh(self) -> Tensor: return 2.0 * (2.0 * self._float()).sigmoid() - 1.0
   def sinh(self) -> Tensor: return (self.exp() - (-self._float()).exp()) / 2
@@ -558,20 +570,24 @@ class Tensor:
   def atanh(self) -> Tensor: return ((1 + self._float()) / (1 - self._float())).log() / 2
   def asinh(self) -> Tensor: return (self._float() + (self.square() + 1).sqrt()).log()
   def acosh(self) -> Tensor: return (self._float() + (self.square() - 1).sqrt()).log()
-  def leaky_relu(self, negative_slope: float = 0.01) -> Tensor: return self.relu() - (-negative_slope * self).relu()
-  def elu(self, alpha: float = 1.0) -> Tensor: return self.relu() - alpha * (1 - self.exp()).relu()
+  # the piecewise functions below pick PyTorch's gradient at their kinks: the x <= 0 side at 0
+  def leaky_relu(self, negative_slope: float = 0.01) -> Tensor: return (self > 0).where(self, self * negative_slope)
+  def elu(self, alpha: float = 1.0) -> Tensor: return (self > 0).where(self, alpha * (self.exp() - 1))
   def celu(self, alpha: float = 1.0) -> Tensor: return self.maximum(0) + (alpha * ((self / alpha).exp() - 1)).minimum(0)
   def selu(self, alpha: float = 1.67326, gamma: float = 1.0507) -> Tensor: return gamma * (self >= 0).detach().where(self, alpha * (self.exp() - 1))
   def swish(self) -> Tensor: return self * self.sigmoid()
   silu = swish
-  def relu6(self) -> Tensor: return self.relu() - (self - 6).relu()
+  def relu6(self) -> Tensor: return self.hardtanh(0, 6)
   def hardswish(self) -> Tensor: return self * (self + 3).relu6() * (1 / 6)
   def hardsigmoid(self) -> Tensor: return (self + 3).relu6() / 6
-  def hardtanh(self, min_val: float = -1.0, max_val: float = 1.0) -> Tensor: return self.clip(min_val, max_val)
+  def hardtanh(self, min_val: float = -1.0, max_val: float = 1.0) -> Tensor:
+    """clip, but with a zero gradient on the bounds themselves (clip passes it there), as in PyTorch."""
+    return ((self > min_val) & (self < max_val)).where(self, self.clip(min_val, max_val).detach())
   def softplus(self, beta: float = 1.0, threshold: float = 20.0) -> Tensor:
     scaled = self._float() * beta
-    # log(1+exp(x)) computed stably as max(x,0) + log(1+exp(-|x|)); linear above the threshold as in PyTorch
-    soft = (scaled.relu() + (-(scaled.abs())).exp().log1p()) / beta
+    # log(1+exp(x)) computed stably as max(x,0) + log(1+exp(-|x|)); linear above the threshold as in PyTorch.
+    # maximum splits the gradient at 0, which gives exactly sigmoid(0) = 1/2 there
+    soft = (scaled.maximum(0) + (-(scaled.abs())).exp().log1p()) / beta
     return (scaled > threshold).detach().where(self._float(), soft)
   def mish(self) -> Tensor: return self * self.softplus().tanh()
   def quick_gelu(self) -> Tensor: return self * (self * 1.702).sigmoid()
@@ -582,16 +598,18 @@ class Tensor:
   def erf(self) -> Tensor:
     """Abramowitz & Stegun 7.1.26 (max error 1.5e-7), odd-extended to negative inputs."""
     x = self._float()
-    sign = x.sign()
-    ax = x.abs()
+    # a constant sign of +1 at 0 (not sign(0) = 0) keeps the gradient 2/sqrt(pi) there
+    sign = (x < 0).where(-1.0, 1.0).cast(x.dtype)
+    ax = sign * x
     t = 1.0 / (1.0 + 0.3275911 * ax)
     poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))
     return sign * (1.0 - poly * (-(ax * ax)).exp())
   def clip(self, min_=None, max_=None) -> Tensor:
+    """Bounds count as inside: the gradient passes on them, as in PyTorch (NaN stays NaN)."""
     if min_ is None and max_ is None: raise ValueError("clip: at least one of min and max must be given")
     x = self
-    if min_ is not None: x = x.maximum(min_)
-    if max_ is not None: x = x.minimum(max_)
+    if min_ is not None: x = (x < min_).where(min_, x)
+    if max_ is not None: x = (x > max_).where(max_, x)
     return x
   clamp = clip
   def logical_not(self) -> Tensor: return self.cast(dtypes.bool) ^ True
@@ -602,7 +620,9 @@ class Tensor:
 
   def cast(self, dtype) -> Tensor:
     dtype = dtypes.from_any(dtype)
-    return self if dtype == self.dtype else F.Cast.apply(self, dtype=dtype)
+    if dtype == self.dtype: return self
+    # integers and bools carry no gradient, as in PyTorch
+    return F.Cast.apply(self if dtype.is_float else self.detach(), dtype=dtype)
   def float(self) -> Tensor: return self.cast(dtypes.float32)
   def half(self) -> Tensor: return self.cast(dtypes.float16)
   def double(self) -> Tensor: return self.cast(dtypes.float64)
@@ -636,38 +656,52 @@ class Tensor:
     return F.Div.apply(x._float(), y._float())
   def floor_divide(self, other, reverse: bool = False) -> Tensor:
     x, y = self._broadcasted(other, "floor_divide", reverse)
-    if x.dtype.is_float: return (x / y).floor()
+    if x.dtype.is_float: return x._floor_divide_float(y)
     quotient = F.NoGradBinary.apply(x, y, op=BinaryOps.DIV)
     remainder = F.NoGradBinary.apply(x, y, op=BinaryOps.MOD)
     # C truncates toward zero; Python and PyTorch floor: step down when the signs differ and it isn't exact
     adjust = (remainder != 0) & ((remainder < 0) != (y < 0))
     return adjust.where(quotient - 1, quotient)
+  def _floor_divide_float(self, y: Tensor) -> Tensor:
+    """PyTorch's div_floor: (x - fmod(x, y)) / y stepped down when the signs differ, then rounded to the
+    nearest whole number (exact where floor(x / y) would round wrong); x / y when y is 0. No gradient."""
+    x = self.detach()
+    y = y.detach()
+    mod = F.NoGradBinary.apply(x, y, op=BinaryOps.MOD)
+    div = (x - mod) / y
+    div = ((mod != 0) & ((y < 0) != (mod < 0))).where(div - 1, div)
+    floor = div.floor()
+    rounded = (div - floor > 0.5).where(floor + 1, floor)
+    return (y == 0).where(x / y, (div != 0).where(rounded, (x / y) * 0))
   def mod(self, other, reverse: bool = False) -> Tensor:
     x, y = self._broadcasted(other, "remainder", reverse)
-    if x.dtype.is_float: return x - (x / y).floor() * y
-    remainder = F.NoGradBinary.apply(x, y, op=BinaryOps.MOD)
-    adjust = (remainder != 0) & ((remainder < 0) != (y < 0))
-    return adjust.where(remainder + y, remainder)
+    if x.dtype == dtypes.bool: raise TypeError("remainder: not defined for bool tensors")
+    return F.Remainder.apply(x, y)
   remainder = mod
   def pow(self, exponent, reverse: bool = False) -> Tensor:
     if not reverse and isinstance(exponent, (int, float)) and not isinstance(exponent, bool):
-      if exponent == 2: return self * self
-      if exponent == 1: return self * 1
-      if exponent == 0.5: return self.sqrt()
-      if exponent == -1: return self.reciprocal()
-      if exponent == 0: return self.ones_like() if self.dtype.is_float else self.ones_like(dtype=result_type([self.dtype], [], [scalar_dtype(exponent)]))
+      x = self.cast(result_type([self.dtype], [], [scalar_dtype(exponent)]))
+      if exponent == 2: return x * x
+      if exponent == 1: return x * 1
+      if exponent == 0.5: return x.sqrt()
+      if exponent == -1: return x.reciprocal()
+      # x**0 is 1 even for inf and nan, with a zero gradient (so x still gets one, as in PyTorch)
+      if exponent == 0: return x._graph_zeros() + 1
     base, expo = self._broadcasted(exponent, "pow", reverse)
     if not base.dtype.is_float:
       return base._int_pow(expo)
-    # x**y = exp(y*log|x|), with the sign of x restored for odd integer exponents, and 0**y handled
+    # x**y = exp(y*log|x|) (which also gives 0**y), with the sign of x restored for odd integer exponents;
+    # -0.0 counts as negative there, as in C's pow
     magnitude = (expo * base.abs().log()).exp()
     is_odd = (expo - 2 * (expo * 0.5).floor()).abs() == 1
-    negative = (base < 0).detach()
+    negative = (base < 0) | ((base == 0) & (base.reciprocal() < 0))
     signed = (negative & is_odd).where(-magnitude, magnitude)
-    not_integer = (expo.floor() != expo).detach()
-    out = (negative & not_integer).where(math.nan, signed)
-    zero_base = (base == 0).detach()
-    return zero_base.where((expo == 0).where(1.0, (expo < 0).where(math.inf, 0.0)), out)
+    not_integer = expo.floor() != expo
+    out = ((base < 0) & not_integer & (base != -math.inf)).where(math.nan, signed)
+    # at 0 the value is right but its gradient would be nan
+    out = (base == 0).where(signed.detach(), out)
+    # x**0 and 1**y are 1 even for inf and nan, and so is (-1)**inf
+    return ((expo == 0) | (base == 1) | ((base == -1) & (expo.abs() == math.inf))).where(1.0, out)
   def _int_pow(self, expo: Tensor) -> Tensor:
     """Integer powers by repeated squaring over the bits of the exponent (exponents >= 0, < 2**16)."""
     result, base, e = self.ones_like(), self, expo
@@ -701,8 +735,9 @@ class Tensor:
     return F.NoGradBinary.apply(x, y, op=op)
   def __lt__(self, other) -> Tensor: return self._compare(other, BinaryOps.CMPLT, "lt")
   def __gt__(self, other) -> Tensor: return self._compare(other, BinaryOps.CMPLT, "gt", reverse=True)
-  def __le__(self, other) -> Tensor: return (self > other).logical_not()
-  def __ge__(self, other) -> Tensor: return (self < other).logical_not()
+  # not (x > y) would make nan <= 1 true
+  def __le__(self, other) -> Tensor: return self._compare(other, BinaryOps.CMPLT, "le") | self._compare(other, BinaryOps.CMPEQ, "le")
+  def __ge__(self, other) -> Tensor: return self._compare(other, BinaryOps.CMPLT, "ge", reverse=True) | self._compare(other, BinaryOps.CMPEQ, "ge")
   def __eq__(self, other) -> Tensor: return self._compare(other, BinaryOps.CMPEQ, "eq")  # type: ignore[override]
   def __ne__(self, other) -> Tensor: return self._compare(other, BinaryOps.CMPNE, "ne")  # type: ignore[override]
   eq, ne, lt, gt, le, ge = __eq__, __ne__, __lt__, __gt__, __le__, __ge__
@@ -759,7 +794,7 @@ class Tensor:
   def max(self, axis=None, keepdim: bool = False) -> Tensor:
     if axis is None and self.numel() == 0: raise ValueError("max: empty tensor with no axis to reduce over")
     for a in self._axes(axis, "max"):
-      if self.shape[a] == 0: raise ValueError(f"max: cannot reduce over dim {a} of size 0 (shape {_shape_str(self.shape)})")
+      if self.ndim and self.shape[a] == 0: raise ValueError(f"max: cannot reduce over dim {a} of size 0 (shape {_shape_str(self.shape)})")
     return self._reduce(lambda t, axes: F.Max.apply(t, axis=axes), axis, keepdim, "max")
 
   def min(self, axis=None, keepdim: bool = False) -> Tensor:
@@ -783,7 +818,10 @@ class Tensor:
     return (centered * centered).sum(axis, keepdim) / max(0, count - correction)
 
   def std(self, axis=None, keepdim: bool = False, correction: int = 1, unbiased: bool | None = None) -> Tensor:
-    return self.var(axis, keepdim, correction, unbiased).sqrt()
+    variance = self.var(axis, keepdim, correction, unbiased)
+    # where the variance is 0 (constant input) PyTorch's gradient is 0, not 0 * inf = nan
+    is_zero = (variance == 0).detach()
+    return is_zero.where(0.0, is_zero.where(1.0, variance).sqrt())
 
   def prod(self, axis=None, keepdim: bool = False) -> Tensor:
     """Product as exp(sum(log|x|)) with the sign and zeros tracked separately (differentiable)."""
@@ -809,10 +847,15 @@ class Tensor:
 
   def logsumexp(self, axis=None, keepdim: bool = False) -> Tensor:
     x = self._float()
-    peak = x.max(axis, keepdim=True).detach()
-    peak = (peak.abs() == math.inf).where(0.0, peak)
+    axes = self._axes(axis, "logsumexp")
+    if self.ndim and any(self.shape[a] == 0 for a in axes):
+      # an empty sum: the result is log(0) = -inf, as in PyTorch, and there is no max to shift by
+      peak = Tensor.zeros(tuple(1 if i in axes else s for i, s in enumerate(self.shape)), dtype=x.dtype, device=self.device)
+    else:
+      peak = x.max(axis, keepdim=True).detach()
+      peak = (peak.abs() == math.inf).where(0.0, peak)
     out = (x - peak).exp().sum(axis, keepdim=True).log() + peak
-    return out if keepdim else out._squeeze_axes(self._axes(axis, "logsumexp"))
+    return out if keepdim else out._squeeze_axes(axes)
 
   def _squeeze_axes(self, axes: tuple[int, ...]) -> Tensor:
     return self.reshape(tuple(s for i, s in enumerate(self.shape) if i not in axes))
@@ -833,6 +876,7 @@ class Tensor:
     """Index of the first maximum (as PyTorch), found with a max over reversed positions."""
     if axis is None: return self.flatten().argmax(0)
     axis = self._axis(axis, "argmax")
+    if self.ndim == 0: return Tensor.zeros((), dtype=dtypes.int64, device=self.device)
     size = self.shape[axis]
     is_max = self == self.max(axis, keepdim=True)
     countdown = Tensor.arange(size, 0, -1, device=self.device).reshape((size,) + (1,) * (self.ndim - axis - 1))
@@ -861,7 +905,7 @@ class Tensor:
   def tril(self, diagonal: int = 0) -> Tensor: return self._triangle_mask(diagonal, True).where(self, 0)
   def triu(self, diagonal: int = 0) -> Tensor: return self._triangle_mask(diagonal, False).where(self, 0)
 
-  def any(self, axis=None, keepdim: bool = False) -> Tensor: return self.bool().max(axis, keepdim)
+  def any(self, axis=None, keepdim: bool = False) -> Tensor: return self.bool().sum(axis, keepdim) > 0
   def all(self, axis=None, keepdim: bool = False) -> Tensor: return self.bool().logical_not().any(axis, keepdim).logical_not()
 
   # ---- matmul family ----
@@ -890,7 +934,7 @@ class Tensor:
 
   def linear(self, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """x @ weight.T + bias (PyTorch's layout: weight is (out, in))."""
-    out = self.matmul(weight.T) if weight.ndim > 1 else self * weight
+    out = self.matmul(weight.T)
     return out + bias if bias is not None else out
 
   @staticmethod

@@ -10,7 +10,7 @@ Fusion rules, in order:
     memory and reading it back, so each consumer recomputes it (softmax's exp is one);
   - an elementwise base read by exactly one consumer is inlined into that consumer's kernel, its views
     composed with the consumer's (no copy), unless the view pads (padding reads zeros, and the op
-    may not map zero to zero);
+    may not map zero to zero) or expands (a matmul operand would be recomputed for every reuse);
   - a reduce is inlined into its single elementwise consumer when that consumer reads it through a
     plain contiguous view; then the consumer runs in the reduce's output space;
   - a kernel holds at most one reduce; any other reduce it needs is realized first.
@@ -116,7 +116,7 @@ class _Scheduler:
       child = src.base
       if child.realized is not None or child.op is LoadOps.CONST or self.must_realize(child): continue
       if isinstance(child.op, ReduceOps) and not _plain(src.st, child): continue   # it will be loaded
-      if src.st.has_mask: return None
+      if src.st.has_mask or src.size > child.size: return None
       more = self._count_fused_ops(child, budget - used)
       if more is None: return None
       used += more
@@ -152,6 +152,8 @@ class _KernelBuilder:
       body = self.reduce_node(out)
     elif out.op is LoadOps.CONTIGUOUS:
       body = self.build(out.srcs[0], None)
+    elif out.op is LoadOps.CONST:
+      body = KernelNode(BufferOps.CONST, (), (out.arg, ShapeTracker.from_shape(out.shape)), out.dtype)
     else:
       body = KernelNode(out.op, tuple(self.build(s, None) for s in out.srcs), out.arg, out.dtype)
     out_shape = out.shape
@@ -186,7 +188,9 @@ class _KernelBuilder:
         self.fused_reduce = base
         return self.reduce_node(base)
       return self.force_load(base, st)
-    if st.has_mask: return self.force_load(base, st)
+    # padding reads zeros, which the inlined op may not map to zero; an expanding read (a matmul
+    # operand) would recompute the op once per reuse: both read a realized buffer instead
+    if st.has_mask or prod(st.shape) > base.size: return self.force_load(base, st)
     srcs = tuple(self.build(s, st) for s in base.srcs)
     if base.op is LoadOps.CONTIGUOUS: return srcs[0]
     return KernelNode(base.op, srcs, base.arg, base.dtype)

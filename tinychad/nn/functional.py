@@ -84,6 +84,7 @@ def conv_transpose(x: Tensor, weight: Tensor, bias: Tensor | None, stride, paddi
   """The gradient of a convolution: spread the input by `stride` (zeros between), then a convolution
   with the flipped, channel-swapped weight and padding dilation*(k-1)-padding."""
   op = f"conv_transpose{n}d"
+  if x.ndim == n + 1: return conv_transpose(x.unsqueeze(0), weight, bias, stride, padding, output_padding, groups, dilation, n).squeeze(0)
   if x.ndim != n + 2 or weight.ndim != n + 2:
     raise ValueError(f"{op}: expected input and weight of {n + 2} dims, got {_shape_str(x.shape)} and {_shape_str(weight.shape)}")
   cin, out_group = weight.shape[:2]
@@ -129,26 +130,63 @@ def avg_pool(x: Tensor, kernel_size, stride, padding, count_include_pad: bool, n
   return total / counts
 
 
+def _diagonal(t: Tensor, dim0: int, dim1: int) -> Tensor:
+  """The diagonal of dims dim0 and dim1 (same size n), as the last dim: a view that reads every (n+1)-th element."""
+  n = t.shape[dim0]
+  rest = [d for d in range(t.ndim) if d not in (dim0, dim1)]
+  lead = tuple(t.shape[d] for d in rest)
+  flat = t.permute(rest + [dim0, dim1]).reshape(lead + (n * n,))
+  rows = flat.pad(((0, 0),) * len(lead) + ((0, n),)).reshape(lead + (n, n + 1))
+  return rows.shrink(tuple((0, s) for s in lead) + ((0, n), (0, 1))).reshape(lead + (n,))
+
+
+def _expand_ellipsis(terms: list[str], output: str | None, operands, formula: str) -> tuple[list[str], str | None]:
+  """'...' becomes unused letters for the broadcast dims, right-aligned across the operands."""
+  counts = [t.ndim - (len(term) - 3) for term, t in zip(terms, operands) if "..." in term]
+  if any(c < 0 for c in counts): raise ValueError(f"einsum: an operand has fewer dims than {formula!r} names")
+  free = [c for c in "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz" if c not in formula][:max(counts, default=0)]
+  ellipsis = "".join(free)
+  terms = [term.replace("...", ellipsis[len(ellipsis) - (t.ndim - (len(term) - 3)):]) if "..." in term else term
+           for term, t in zip(terms, operands)]
+  return terms, None if output is None else output.replace("...", ellipsis)
+
+
 def einsum(formula: str, *operands: Tensor) -> Tensor:
-  """Einstein summation by broadcasting every operand to all letters, multiplying, and summing."""
+  """Einstein summation: diagonals first (repeated letters in a term), then every operand broadcast to all
+  letters, multiplied, and summed over the letters not in the output. '...' names the broadcast dims."""
   operands = tuple(operands[0]) if len(operands) == 1 and isinstance(operands[0], (list, tuple)) else operands
   formula = formula.replace(" ", "")
-  inputs, _, output = formula.partition("->")
+  inputs, arrow, output = formula.partition("->")
   terms = inputs.split(",")
-  if "." in formula: raise ValueError(f"einsum: '...' is not supported in {formula!r}")
   if len(terms) != len(operands): raise ValueError(f"einsum: {formula!r} names {len(terms)} operands, got {len(operands)}")
+  ellipsis = ""
+  if "..." in formula:
+    before = set(inputs)
+    terms, output = _expand_ellipsis(terms, output if arrow else None, operands, formula)
+    ellipsis = "".join(sorted({c for term in terms for c in term} - before))
+  if not arrow:
+    # PyTorch's implicit output: the broadcast dims, then the letters used once, sorted
+    joined = "".join(terms)
+    output = ellipsis + "".join(sorted(c for c in set(joined) if joined.count(c) == 1 and c not in ellipsis))
   sizes: dict[str, int] = {}
+  diagonal_terms, diagonal_operands = [], []
   for term, t in zip(terms, operands):
     if len(term) != t.ndim: raise ValueError(f"einsum: term {term!r} has {len(term)} letters but operand has shape {_shape_str(t.shape)}")
-    if len(set(term)) != len(term): raise ValueError(f"einsum: repeated letter in term {term!r} (diagonals) is not supported")
+    while len(set(term)) != len(term):
+      letter = next(c for c in term if term.count(c) > 1)
+      first, second = term.index(letter), term.index(letter, term.index(letter) + 1)
+      if t.shape[first] != t.shape[second]: raise ValueError(f"einsum: repeated letter {letter!r} in {term!r} has sizes {t.shape[first]} and {t.shape[second]}")
+      t = _diagonal(t, first, second)
+      term = "".join(c for i, c in enumerate(term) if i not in (first, second)) + letter
     for letter, size in zip(term, t.shape):
       if sizes.setdefault(letter, size) != size and size != 1 and sizes[letter] != 1:
         raise ValueError(f"einsum: letter {letter!r} has sizes {sizes[letter]} and {size} in {formula!r}")
       sizes[letter] = max(sizes[letter], size)
-  if not _: output = "".join(sorted(letter for letter in sizes if inputs.count(letter) == 1))
+    diagonal_terms.append(term)
+    diagonal_operands.append(t)
   letters = sorted(sizes)
   product = None
-  for term, t in zip(terms, operands):
+  for term, t in zip(diagonal_terms, diagonal_operands):
     order = sorted(range(len(term)), key=lambda i: letters.index(term[i]))
     t = t.permute(order) if order else t
     shape = tuple(t.shape[sorted(term, key=letters.index).index(letter)] if letter in term else 1 for letter in letters)
@@ -176,7 +214,9 @@ def _class_mask(target: Tensor, classes: int, ndim: int) -> Tensor:
 
 def nll_loss(logp: Tensor, target: Tensor, reduction: str = "mean", ignore_index: int = -100, weight: Tensor | None = None) -> Tensor:
   if not isinstance(target, Tensor): target = Tensor(target)
-  if logp.ndim == 1: logp, target = logp.unsqueeze(0), target.reshape(1)
+  if logp.ndim == 1:
+    loss = nll_loss(logp.unsqueeze(0), target.reshape(1), reduction, ignore_index, weight)
+    return loss.reshape(()) if reduction == "none" else loss
   if target.dtype.category != 1:
     raise TypeError(f"nll_loss: target must hold class indices (an integer tensor), got {target.dtype}")
   if target.shape != (logp.shape[0],) + logp.shape[2:]:
@@ -206,13 +246,10 @@ def cross_entropy(x: Tensor, target: Tensor, reduction: str = "mean", label_smoo
     return _reduce(-(smoothed * logp).sum(class_dim), reduction, "cross_entropy")
   nll = nll_loss(logp, target, "none", ignore_index)
   keep = (target != ignore_index).cast(logp.dtype)
-  if logp.ndim == 1: keep = keep.reshape(1)
   if label_smoothing > 0:
-    uniform = -(logp.mean(class_dim) if logp.ndim > 1 else logp.mean().reshape(1)) * keep
-    nll = (1 - label_smoothing) * nll + label_smoothing * uniform
+    nll = (1 - label_smoothing) * nll + label_smoothing * -logp.mean(class_dim) * keep
   if reduction == "mean": return nll.sum() / keep.sum()
-  out = _reduce(nll, reduction, "cross_entropy")
-  return out.reshape(()) if x.ndim == 1 and reduction == "none" else out
+  return _reduce(nll, reduction, "cross_entropy")
 
 
 def binary_cross_entropy(p: Tensor, target: Tensor, reduction: str = "mean") -> Tensor:
@@ -231,7 +268,7 @@ def binary_cross_entropy_with_logits(x: Tensor, target: Tensor, reduction: str =
 
 
 def mse_loss(x: Tensor, target: Tensor, reduction: str = "mean") -> Tensor:
-  if x.shape != target.shape: raise ValueError(f"mse_loss: input {_shape_str(x.shape)} and target {_shape_str(target.shape)} differ")
+  """Input and target broadcast against each other, as in PyTorch."""
   return _reduce((x - target).square(), reduction, "mse_loss")
 
 
@@ -247,6 +284,7 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Ten
     scores = causal.where(scores, -math.inf)
   if attn_mask is not None:
     scores = attn_mask.where(scores, -math.inf) if attn_mask.dtype == dtypes.bool else scores + attn_mask
-  weights = scores.softmax(-1)
+  # a query that may see no key gets zero weights (PyTorch's math backend), not the 0/0 of a softmax over -inf
+  weights = (scores.max(-1, keepdim=True) == -math.inf).detach().where(0.0, scores.softmax(-1))
   if dropout_p > 0: weights = weights.dropout(dropout_p)
   return weights @ v

@@ -1,0 +1,7 @@
+"""`python -m bench [--quick]`: every workload, one table. Also the entry point of the worker processes."""
+from bench.common import main
+
+WORKLOADS = ["bench.matmul", "bench.elementwise", "bench.reduce_sum", "bench.softmax", "bench.conv",
+             "bench.cnn_train", "bench.gpt", "bench.small_ops"]
+
+if __name__ == "__main__": main(WORKLOADS)

@@ -1,0 +1,282 @@
+"""Shared machinery of the benchmark suite: cases, timing, subprocess workers, the table.
+
+A workload module (bench/matmul.py, ...) defines `TITLE` and `cases(quick) -> list[Case]`. For every
+library and thread count, the parent (`main`) starts a fresh `python -m bench --worker MODULE LIB THREADS`
+so thread settings and compile caches never leak between measurements. The worker builds each case for
+its library, times the first call (tinychad: compile included, with an empty kernel cache), warms up,
+takes the median of several calls and prints one JSON line per case. The parent collects the lines and
+prints one table, with ratios computed from numbers measured in the same run.
+"""
+from __future__ import annotations
+import argparse
+import importlib
+import importlib.util
+import json
+import math
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+LIBRARIES = ("tinychad", "torch", "numpy", "tinygrad")
+# tinychad has no threads yet: it will read THREADS, and gets a 2t column once it does
+THREAD_COUNTS = {"tinychad": (1,), "torch": (1, 2), "numpy": (1, 2), "tinygrad": (1, 2)}
+WORKER_TIMEOUT_S = 600
+MIN_SAMPLE_S = 0.05
+# tinygrad's CPU backend calls `clang` (CC overrides it); Debian's clang-14 package installs only the
+# versioned name, which leaves tinychad's own compiler choice (clang, else gcc) untouched
+CLANG_NAMES = ("clang", "clang-19", "clang-18", "clang-17", "clang-16", "clang-15", "clang-14")
+
+
+@dataclass
+class Case:
+  """One row of the table: the same computation built for each library that can run it.
+
+  `factories[lib]()` does the setup (inputs made and realized) and returns the function that is timed:
+  one call does the whole computation, realized. `amount` is the work of one call in the unit's
+  numerator (GFLOP for GFLOP/s, GB for GB/s, tokens for tok/s); units "ms" show the time itself.
+  """
+  name: str
+  unit: str
+  amount: float
+  factories: dict[str, Callable[[], Callable[[], object]]]
+  repeats: int = 7
+  warmup: int = 2
+  missing_reason: str = "not applicable"
+
+
+@dataclass
+class Result:
+  median_s: float | None = None
+  first_s: float | None = None
+  error: str = ""
+
+
+@dataclass
+class Row:
+  case_name: str
+  unit: str
+  amount: float
+  results: dict[tuple[str, int], Result] = field(default_factory=dict)
+
+  def value(self, seconds: float) -> float:
+    return seconds * 1e3 if self.unit == "ms" else self.amount / seconds
+
+
+def add_repo_to_path() -> None:
+  """Let `python bench/NAME.py` import the `bench` package, as `python -m bench.NAME` can."""
+  if str(REPO_ROOT) not in sys.path: sys.path.insert(0, str(REPO_ROOT))
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+  parser = argparse.ArgumentParser(description="tinychad vs PyTorch vs numpy vs tinygrad on the CPU")
+  parser.add_argument("--quick", action="store_true", help="smaller sizes and fewer repeats")
+  parser.add_argument("--worker", nargs=3, metavar=("MODULE", "LIBRARY", "THREADS"), help=argparse.SUPPRESS)
+  return parser.parse_args(argv)
+
+
+# ---- timing ----
+
+def time_call(fn: Callable[[], object], calls: int = 1) -> float:
+  """Seconds per call, averaged over `calls` back-to-back calls."""
+  start = time.perf_counter()
+  for _ in range(calls): fn()
+  return (time.perf_counter() - start) / calls
+
+
+def measure(fn: Callable[[], object], warmup: int, repeats: int) -> float:
+  """Median seconds per call of `repeats` samples after `warmup` untimed calls.
+
+  A sample is one call, or enough back-to-back calls to last MIN_SAMPLE_S when one call is shorter,
+  so the timer's resolution and one-off hiccups don't decide the result of sub-millisecond cases.
+  """
+  for _ in range(warmup): fn()
+  calls = max(1, math.ceil(MIN_SAMPLE_S / max(time_call(fn), 1e-9)))
+  return statistics.median(time_call(fn, calls) for _ in range(repeats))
+
+
+def scaled(case: Case, quick: bool) -> tuple[int, int]:
+  """(warmup, repeats) for this run: --quick keeps one warm-up and at most three timed calls."""
+  return (1, min(case.repeats, 3)) if quick else (case.warmup, case.repeats)
+
+
+# ---- libraries ----
+
+def find_clang() -> str | None:
+  return next((name for name in CLANG_NAMES if shutil.which(name)), None)
+
+
+def unavailable_reason(library: str) -> str:
+  """Why `library` can't run here, or "" when it can."""
+  module = {"tinychad": "tinychad", "torch": "torch", "numpy": "numpy", "tinygrad": "tinygrad"}[library]
+  if importlib.util.find_spec(module) is None: return f"{library} is not installed (pip install -e '.[bench]')"
+  if library == "tinygrad" and find_clang() is None: return "tinygrad's CPU backend needs clang (apt-get install clang-14)"
+  return ""
+
+
+def worker_env(library: str, threads: int, cache_dir: str) -> dict[str, str]:
+  """The environment of one worker: thread counts pinned, each library on its CPU backend."""
+  env = dict(os.environ)
+  for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"): env[name] = str(threads)
+  env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+  if library == "numpy":
+    # set on this VM for other tools; both make OpenBLAS slower here
+    env.pop("OPENBLAS_CORETYPE", None)
+    env.pop("OPENBLAS_L2_SIZE", None)
+  if library == "tinychad":
+    env["THREADS"] = str(threads)
+    env["TINYCHAD_CACHE"] = cache_dir  # empty, so the first call includes compiling
+  if library == "tinygrad":
+    env["DEV"] = "CPU"
+    env["NUM_CPU_THREADS"] = str(threads)
+    env["CC"] = find_clang() or "clang"
+  return env
+
+
+def limit_threads(library: str, threads: int) -> None:
+  """Pin the library's own thread pool in this process (the environment already asks for `threads`)."""
+  if library == "torch":
+    import torch
+    torch.set_num_threads(threads)
+  if library == "numpy":
+    from threadpoolctl import threadpool_limits
+    threadpool_limits(limits=threads)
+
+
+# ---- worker (one library, one thread count, in its own process) ----
+
+def describe(error: Exception) -> str:
+  """One line for a footnote: the exception's message, or where it was raised when it has none."""
+  message = str(error).splitlines()[0] if str(error) else ""
+  if not message:
+    frame = traceback.extract_tb(error.__traceback__)[-1]
+    message = f"raised at {Path(frame.filename).name}:{frame.lineno}: {frame.line}"
+  return f"{type(error).__name__}: {message}"[:160]
+
+
+def run_worker(module_name: str, library: str, threads: int, quick: bool) -> None:
+  limit_threads(library, threads)
+  module = importlib.import_module(module_name)
+  for case in module.cases(quick):
+    report = {"case": case.name}
+    if library in case.factories:
+      try:
+        fn = case.factories[library]()
+        report["first_s"] = time_call(fn)
+        warmup, repeats = scaled(case, quick)
+        report["median_s"] = measure(fn, warmup, repeats)
+      except Exception as e:  # a library failing one case must not take down the others
+        report["error"] = describe(e)
+    else:
+      report["error"] = case.missing_reason
+    print("BENCH " + json.dumps(report), flush=True)
+
+
+# ---- parent ----
+
+def collect(module_name: str, quick: bool) -> list[Row]:
+  module_cases = importlib.import_module(module_name).cases(quick)
+  rows = {case.name: Row(case.name, case.unit, case.amount) for case in module_cases}
+  for library in LIBRARIES:
+    for threads in THREAD_COUNTS[library]:
+      reason = unavailable_reason(library)
+      if reason or not any(library in case.factories for case in module_cases):
+        for case in module_cases: rows[case.name].results[(library, threads)] = Result(error=reason or case.missing_reason)
+        continue
+      for case_name, result in run_subprocess(module_name, library, threads, quick).items():
+        rows[case_name].results[(library, threads)] = result
+  return list(rows.values())
+
+
+def run_subprocess(module_name: str, library: str, threads: int, quick: bool) -> dict[str, Result]:
+  cache_dir = tempfile.mkdtemp(prefix="tinychad-bench-cache-")
+  cmd = [sys.executable, "-m", "bench", "--worker", module_name, library, str(threads)] + (["--quick"] if quick else [])
+  start = time.perf_counter()
+  try:
+    proc = subprocess.run(cmd, env=worker_env(library, threads, cache_dir), cwd=REPO_ROOT, capture_output=True,
+                          text=True, timeout=WORKER_TIMEOUT_S)
+    stdout = proc.stdout
+    failure = (proc.stderr.strip().splitlines() or ["no output"])[-1] if proc.returncode else ""
+  except subprocess.TimeoutExpired as e:
+    stdout = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+    failure = f"timed out after {WORKER_TIMEOUT_S} s"
+  finally:
+    shutil.rmtree(cache_dir, ignore_errors=True)
+  print(f"[bench] {module_name} {library} {threads}t: {time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
+  results = {}
+  for line in stdout.splitlines():
+    if not line.startswith("BENCH "): continue
+    report = json.loads(line[len("BENCH "):])
+    results[report["case"]] = Result(report.get("median_s"), report.get("first_s"), report.get("error", ""))
+  if failure:
+    for case in importlib.import_module(module_name).cases(quick):
+      results.setdefault(case.name, Result(error=f"worker died: {failure[:160]}"))
+  return results
+
+
+# ---- table ----
+
+def format_number(x: float) -> str:
+  if x >= 100: return f"{x:,.0f}"
+  if x >= 10: return f"{x:.1f}"
+  return f"{x:.2f}"
+
+
+def format_table(rows: list[Row]) -> str:
+  """A markdown table; n/a cells point to numbered footnotes with the reason."""
+  columns = [(library, threads) for library in LIBRARIES for threads in THREAD_COUNTS[library]]
+  header = ["workload", "unit"] + [f"{library} {threads}t" for library, threads in columns]
+  header[3:3] = ["tinychad 1st call (ms)"]
+  header += ["tinychad time / torch 1t", "tinychad time / numpy 1t"]
+  footnotes: list[str] = []
+
+  def cell(row: Row, key: tuple[str, int]) -> str:
+    result = row.results.get(key, Result(error="not run"))
+    if result.median_s is not None: return format_number(row.value(result.median_s))
+    if result.error not in footnotes: footnotes.append(result.error)
+    return f"n/a [{footnotes.index(result.error) + 1}]"
+
+  def ratio(row: Row, other: tuple[str, int]) -> str:
+    mine, theirs = row.results.get(("tinychad", 1)), row.results.get(other)
+    if mine is None or theirs is None or mine.median_s is None or theirs.median_s is None: return "-"
+    return f"{mine.median_s / theirs.median_s:.2f}x"
+
+  lines = ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] * 2 + ["---:"] * (len(header) - 2)) + "|"]
+  for row in rows:
+    cells = [row.case_name, row.unit] + [cell(row, key) for key in columns]
+    first = row.results.get(("tinychad", 1))
+    cells[3:3] = [format_number(first.first_s * 1e3) if first is not None and first.first_s is not None else "-"]
+    cells += [ratio(row, ("torch", 1)), ratio(row, ("numpy", 1))]
+    lines.append("| " + " | ".join(cells) + " |")
+  lines.append("")
+  lines += [f"[{i + 1}] {reason}" for i, reason in enumerate(footnotes)]
+  return "\n".join(lines)
+
+
+def main(module_names: list[str], argv: list[str] | None = None) -> None:
+  """Run the named workload modules for every library and thread count, then print the table."""
+  args = parse_args(argv)
+  if args.worker:
+    module_name, library, threads = args.worker
+    run_worker(module_name, library, int(threads), args.quick)
+    return
+  rows = [row for name in module_names for row in collect(name, args.quick)]
+  print(format_table(rows))
+  print("\nGFLOP/s, GB/s, tok/s: higher is better; ms: lower is better. Ratios > 1x: tinychad is slower.")
+  print("tinychad: 1 thread only (it has no threads yet). Numbers are medians after warm-up"
+        + (" (--quick: small sizes, 3 runs)." if args.quick else "."))
+
+
+def tinygrad_realize(*tensors) -> None:
+  """Realize tinygrad tensors and wait for the CPU queue, so the time covers the work."""
+  from tinygrad import Device, Tensor
+  Tensor.realize(*tensors)
+  Device[Device.DEFAULT].synchronize()

@@ -1,0 +1,122 @@
+"""The code generator's pieces on their own: symbolic simplification, IR, rendering, names.
+
+in: hand-made symbolic expressions and kernels built from LazyBuffers
+out: pass when simplifications give the expected forms (and stay numerically right), the IR
+     prints one instruction per line, kernels get the scheduler's names and errors name the kernel.
+"""
+import itertools
+import numpy as np
+import pytest
+from tinychad.codegen import linearize, UOps
+from tinychad.codegen.symbolic import Var, Num, Node
+from tinychad.dtype import dtypes
+from tinychad.engine.schedule import create_schedule
+from tinychad.lazy import LazyBuffer
+from tinychad.ops import BinaryOps, ReduceOps, UnaryOps, BufferOps, KernelNode
+from tinychad.renderer.cstyle import render_c, render_const
+from tinychad.renderer.llvmir import render_llvm
+from tinychad.runtime.ops_cpu import CompileError, compile_c
+from tinychad.view import ShapeTracker
+
+i, j, k = Var("i", 0, 9), Var("j", 0, 3), Var("k", 0, 5)
+
+# expression -> the rendering it must simplify to
+SIMPLIFY = [
+  (i * 1, "i"), (i + 0, "i"), (i * 0, "0"), (Num(3) * 4 + 2, "14"),
+  ((i * 4 + j) // 4, "i"), ((i * 4 + j) % 4, "j"), ((j * 6 + k) // 6, "j"), ((j * 6 + k) % 6, "k"),
+  (j // 4, "0"), (j % 4, "j"), ((i * 8 + j * 2) // 2, "((i*4)+j)"), ((i * 12 + j * 3) % 3, "0"),
+  ((i * 7 // 2) // 5, "((i*7)/10)"), ((i % 6) % 3, "(i%3)"), (i * 2 + i * 3, "(i*5)"), (i - i, "0"),
+  ((i * 4 + j + 4) // 4, "(i+1)"), (j < 4, "1"), (j < 0, "0"), (j >= 0, "1"), (i + 3 < 5, "(i<2)"),
+  (i * 3 < 7, "(i<3)"), (i * -1 < -2, "(i>=3)"), ((i < 5) & (j >= 1) & (i < 5), "((i<5)&&(j>=1))"),
+  ((i < 5) & False, "0"), ((i < 5) & True, "(i<5)"),
+]
+
+
+@pytest.mark.parametrize("expr,want", SIMPLIFY, ids=[w for _, w in SIMPLIFY])
+def test_simplify(expr, want):
+  assert expr.render() == want
+
+
+def _eval(node: Node, env: dict) -> int:
+  # C semantics equal Python's on the non-negative values these tests use
+  return int(eval(node.render().replace("&&", " and ").replace("/", "//"), {}, env))
+
+
+def test_simplified_forms_keep_their_values():
+  exprs = [((i * 4 + j) // 4), ((i * 4 + j) % 4), ((i * 6 + k + 7) // 3), ((i * 6 + k + 7) % 3),
+           ((i * 4 + j) // 2 % 5), (i * 2 + 3 >= 9)]
+  raw = [lambda a, b, c: (a * 4 + b) // 4, lambda a, b, c: (a * 4 + b) % 4, lambda a, b, c: (a * 6 + c + 7) // 3,
+         lambda a, b, c: (a * 6 + c + 7) % 3, lambda a, b, c: (a * 4 + b) // 2 % 5, lambda a, b, c: int(a * 2 + 3 >= 9)]
+  for e, f in zip(exprs, raw):
+    for a, b, c in itertools.product(range(10), range(4), range(6)):
+      assert _eval(e, {"i": a, "j": b, "k": c}) == f(a, b, c), e
+
+
+def test_bounds():
+  e = i * 4 + j
+  assert (e.lo, e.hi) == (0, 39)
+  assert ((e // 4).lo, (e // 4).hi) == (0, 9)
+
+
+def _items(lb):
+  return [it for it in create_schedule([lb]) if it.is_kernel]
+
+
+def test_kernel_names_and_flat_loops():
+  x = LazyBuffer.from_numpy(np.zeros((64, 64), np.float32), "NUMPY")
+  (item,) = _items(x.e(BinaryOps.ADD, x))
+  prog = linearize(item.ast, item.name)
+  assert item.name == "E_64_64" and prog.name == "E_64_64"
+  # contiguous 2-d elementwise merges into one loop of 4096
+  assert [u.arg for u in prog.uops if u.op is UOps.RANGE] == [("gidx0", 4096)]
+  (item,) = _items(x.r(ReduceOps.SUM, (1,)))
+  assert item.name == "r_64_64"
+  assert [u.arg for u in linearize(item.ast, item.name).uops if u.op is UOps.RANGE] == [("gidx0", 64), ("ridx0", 64)]
+
+
+def test_ir_pretty_and_sources():
+  x = LazyBuffer.from_numpy(np.zeros((4, 5), np.float32), "NUMPY")
+  (item,) = _items(x.pad(((1, 0), (0, 0))).r(ReduceOps.MAX, (0,)))
+  prog = linearize(item.ast, item.name)
+  text = prog.pretty()
+  assert text.splitlines()[0] == f"kernel {item.name}"
+  assert len(text.splitlines()) == len(prog.uops) + 1
+  for word in ("DEFINE_GLOBAL", "RANGE", "DEFINE_ACC", "LOAD", "ASSIGN", "STORE", "ENDRANGE"): assert word in text
+  c = render_c(prog)
+  assert f"void {item.name}(float* restrict data0, const float* restrict data1)" in c
+  assert "? data1[" in c and "-INFINITY" in c
+  assert f'define void @"{item.name}"' in render_llvm(prog)
+
+
+def test_large_kernels_use_64bit_indices():
+  big = (70000, 40000)     # 2.8e9 elements: too many for int indices
+  st = ShapeTracker.from_shape(big)
+  load = KernelNode(BufferOps.LOAD, (), (1, st), dtypes.float32)
+  ast = KernelNode(BufferOps.STORE, (KernelNode(UnaryOps.NEG, (load,), None, dtypes.float32),), (0, st), dtypes.float32)
+  prog = linearize(ast, "E_big")
+  assert {u.dtype for u in prog.uops if u.op is UOps.RANGE} == {dtypes.int64}
+  assert "long long gidx0" in render_c(prog)
+  small = ShapeTracker.from_shape((10,))
+  ast = KernelNode(BufferOps.STORE, (KernelNode(BufferOps.LOAD, (), (1, small), dtypes.float32),), (0, small), dtypes.float32)
+  assert "int gidx0" in render_c(linearize(ast, "E_10"))
+
+
+def test_c_constants():
+  assert render_const(float("inf"), dtypes.float32) == "((float)INFINITY)"
+  assert render_const(-(2 ** 63), dtypes.int64) == "(-9223372036854775807LL-1)"
+  assert render_const(0.1, dtypes.float32) == "0.1f"
+  assert render_const(True, dtypes.bool) == "1"
+  assert render_const(0.5, dtypes.float16) == "((_Float16)0.5f)"
+
+
+def test_compile_error_names_the_kernel():
+  with pytest.raises(CompileError, match="kernel broken_kernel"):
+    compile_c("void broken_kernel(float* d) { d[0] = ; }", "broken_kernel")
+
+
+def test_debug_prints_tree_ir_and_source(monkeypatch, capsys):
+  monkeypatch.setenv("DEBUG", "4")
+  x = LazyBuffer.from_numpy(np.arange(6, dtype=np.float32) + 0.25, "CPU")
+  x.e(UnaryOps.SQRT).e(BinaryOps.ADD, LazyBuffer.full(1.0, (6,), dtypes.float32, "CPU")).numpy()
+  out = capsys.readouterr().out
+  assert "STORE float32" in out and "kernel E_6" in out and "sqrtf(" in out

@@ -1,0 +1,140 @@
+"""Linear IR to C source.
+
+in: a Program (codegen/linearize.py)
+out: C99 source of one function `void <name>(T0* restrict data0, const T1* restrict data1, ...)`.
+Every IR value becomes one typed local variable, so each float16 op rounds to half once, as numpy
+does, and the C mirrors the IR line by line. Integer division and remainder are guarded so a zero
+divisor gives 0 (numpy's answer) instead of a crash.
+"""
+from __future__ import annotations
+import math
+import numpy as np
+from tinychad.dtype import DType, dtypes
+from tinychad.ops import UnaryOps, BinaryOps, TernaryOps
+from tinychad.codegen.linearize import Program, UOp, UOps
+
+
+def render_const(value, dtype: DType) -> str:
+  """A C literal of exactly `value` in `dtype`."""
+  if dtype == dtypes.bool: return "1" if value else "0"
+  if dtype.is_int:
+    value = int(value)
+    lo = -(2 ** (8 * dtype.itemsize - 1))
+    suffix = "LL" if dtype.itemsize == 8 else ""
+    # the most negative value has no literal: -2147483648 is the negation of an out-of-range int
+    if value == lo and not dtype.is_unsigned: return f"({value + 1}{suffix}-1)"
+    return f"{value}{suffix}"
+  value = float(value)
+  if math.isnan(value): return f"(({dtype.c_name})NAN)"
+  if math.isinf(value): return f"(({dtype.c_name}){'-' if value < 0 else ''}INFINITY)"
+  if dtype == dtypes.float64: return repr(value)
+  text = str(dtype.np(value))
+  if dtype == dtypes.float32: return text + "f"
+  # float16 literal: a float literal converted to half; use hex when the decimal could round twice
+  if np.float16(np.float32(text)) != np.float16(value): text = float.hex(float(np.float16(value)))
+  return f"(({dtype.c_name}){text}f)"
+
+
+def _math_fn(name: str, dtype: DType) -> str:
+  # float32 and float16 use the float versions of libm functions; float16 converts implicitly
+  return name if dtype == dtypes.float64 else name + "f"
+
+
+def _is_safe_divisor(u: UOp) -> bool:
+  return u.op is UOps.CONST and u.arg not in (0, -1)
+
+
+class CRenderer:
+  def __init__(self, program: Program):
+    self.program = program
+    self.names: dict[int, str] = {}
+
+  def ref(self, u: UOp) -> str:
+    if u.op is UOps.CONST:
+      text = render_const(u.arg, u.dtype)
+      # parenthesise negative literals so `a - -1` never prints as `a--1`
+      return f"({text})" if text.startswith("-") else text
+    return self.names[id(u)]
+
+  def alu(self, u: UOp) -> str:
+    op, dt = u.arg, u.dtype
+    s = [self.ref(x) for x in u.srcs]
+    sdt = u.srcs[0].dtype
+    if op is UnaryOps.NEG: return f"!{s[0]}" if dt == dtypes.bool else f"-{s[0]}"
+    if op in (UnaryOps.EXP2, UnaryOps.LOG2, UnaryOps.SIN, UnaryOps.SQRT):
+      return f"{_math_fn(op.name.lower(), dt)}({s[0]})"
+    if op is UnaryOps.RECIP:
+      return f"1/{s[0]}" if dt.is_float else f"({s[0]}==0 ? 0 : 1/{s[0]})"
+    if op is UnaryOps.TRUNC: return f"{_math_fn('trunc', dt)}({s[0]})" if dt.is_float else s[0]
+    if op is UnaryOps.CAST: return f"({dt.c_name}){s[0]}"
+    if op in _INFIX: return f"{s[0]}{_INFIX[op]}{s[1]}"
+    if op is BinaryOps.DIV:
+      if dt.is_float or _is_safe_divisor(u.srcs[1]): return f"{s[0]}/{s[1]}"
+      # x/0 is 0 like numpy; MIN/-1 overflows the division, but -x wraps (we compile with -fwrapv)
+      neg = f"{s[1]}==-1 ? -{s[0]} : " if not dt.is_unsigned else ""
+      return f"({s[1]}==0 ? 0 : {neg}{s[0]}/{s[1]})"
+    if op is BinaryOps.MOD:
+      if dt.is_float: return f"{_math_fn('fmod', dt)}({s[0]}, {s[1]})"
+      if _is_safe_divisor(u.srcs[1]): return f"{s[0]}%{s[1]}"
+      bad = f"{s[1]}==0" + (f" || {s[1]}==-1" if not dt.is_unsigned else "")
+      return f"({bad} ? 0 : {s[0]}%{s[1]})"
+    if op is BinaryOps.MAX:
+      # NaN wins, as in numpy.maximum
+      nan = f" || {s[0]}!={s[0]}" if sdt.is_float else ""
+      return f"({s[0]}>{s[1]}{nan}) ? {s[0]} : {s[1]}"
+    if op is TernaryOps.WHERE: return f"{s[0]} ? {s[1]} : {s[2]}"
+    raise NotImplementedError(f"C renderer has no rule for {op}")
+
+  def line(self, u: UOp) -> str | list[str]:
+    n = u.num
+    if u.op is UOps.RANGE:
+      name, extent = u.arg
+      self.names[id(u)] = name
+      return f"for ({u.dtype.c_name} {name} = 0; {name} < {extent}; {name}++) {{"
+    if u.op is UOps.ENDRANGE: return "}"
+    if u.op is UOps.LOAD:
+      self.names[id(u)] = f"val{n}"
+      buf, idx = self.ref(u.srcs[0]), self.ref(u.srcs[1])
+      read = f"{buf}[{idx}]"
+      if len(u.srcs) == 3: read = f"{self.ref(u.srcs[2])} ? {read} : 0"
+      return f"{u.dtype.c_name} val{n} = {read};"
+    if u.op is UOps.DEFINE_ACC:
+      self.names[id(u)] = f"acc{n}"
+      return f"{u.dtype.c_name} acc{n} = {render_const(u.arg, u.dtype)};"
+    if u.op is UOps.ASSIGN: return f"{self.ref(u.srcs[0])} = {self.ref(u.srcs[1])};"
+    if u.op is UOps.STORE:
+      return f"{self.ref(u.srcs[0])}[{self.ref(u.srcs[1])}] = {self.ref(u.srcs[2])};"
+    if u.op is UOps.ALU:
+      self.names[id(u)] = f"alu{n}"
+      if u.arg is UnaryOps.BITCAST:
+        # memcpy is the defined way to reinterpret bits in C; compilers turn it into a move
+        return [f"{u.dtype.c_name} alu{n};", f"__builtin_memcpy(&alu{n}, &{self.ref(u.srcs[0])}, sizeof(alu{n}));"]
+      return f"{u.dtype.c_name} alu{n} = {self.alu(u)};"
+    raise NotImplementedError(f"C renderer has no rule for {u.op}")
+
+  def render(self) -> str:
+    params = []
+    for g in self.program.globals:
+      number, writable = g.arg
+      self.names[id(g)] = f"data{number}"
+      params.append(f"{'' if writable else 'const '}{g.dtype.c_name}* restrict data{number}")
+    body, depth = [], 1
+    for u in self.program.uops:
+      if u.op in (UOps.DEFINE_GLOBAL, UOps.CONST): continue
+      if u.op is UOps.ENDRANGE: depth -= 1
+      lines = self.line(u)
+      body += ["  " * depth + ln for ln in ([lines] if isinstance(lines, str) else lines)]
+      if u.op is UOps.RANGE: depth += 1
+    head = f"void {self.program.name}({', '.join(params)}) {{"
+    return "\n".join(["#include <math.h>", head] + body + ["}", ""])
+
+
+_INFIX = {
+  BinaryOps.ADD: "+", BinaryOps.SUB: "-", BinaryOps.MUL: "*", BinaryOps.CMPLT: "<", BinaryOps.CMPEQ: "==",
+  BinaryOps.CMPNE: "!=", BinaryOps.AND: "&", BinaryOps.OR: "|", BinaryOps.XOR: "^",
+}
+
+
+def render_c(program: Program) -> str:
+  """C source for the program's one function."""
+  return CRenderer(program).render()

@@ -1,0 +1,201 @@
+"""Linear IR to LLVM IR text.
+
+in: a Program (codegen/linearize.py)
+out: an LLVM module (text) with one function `void @<name>(ptr noalias %data0, ...)`.
+Loops are header/body/exit blocks with a phi for the counter; accumulators live in allocas that
+the optimizer promotes to registers. bool is i8 in memory and i1 in registers. Semantics match the C
+renderer: guarded integer division, NaN-propagating max, per-op float16 rounding (LLVM's half).
+"""
+from __future__ import annotations
+from llvmlite import ir
+from tinychad.dtype import DType, dtypes
+from tinychad.ops import UnaryOps, BinaryOps, TernaryOps
+from tinychad.codegen.linearize import Program, UOp, UOps
+
+_FLOATS = {dtypes.float16: ir.HalfType(), dtypes.float32: ir.FloatType(), dtypes.float64: ir.DoubleType()}
+
+
+def reg_type(dtype: DType) -> ir.Type:
+  """The type of a value in a register."""
+  if dtype == dtypes.bool: return ir.IntType(1)
+  return _FLOATS[dtype] if dtype.is_float else ir.IntType(8 * dtype.itemsize)
+
+
+def mem_type(dtype: DType) -> ir.Type:
+  """The type of an element in memory (bool takes a byte)."""
+  return ir.IntType(8) if dtype == dtypes.bool else reg_type(dtype)
+
+
+def const(value, dtype: DType) -> ir.Constant:
+  if dtype.is_float:
+    # LLVM wants float constants that are exact in their type: round through numpy first
+    return ir.Constant(reg_type(dtype), float(dtype.np(value)))
+  return ir.Constant(reg_type(dtype), int(value))
+
+
+_INTRINSICS = {UnaryOps.EXP2: "llvm.exp2", UnaryOps.LOG2: "llvm.log2", UnaryOps.SIN: "llvm.sin",
+               UnaryOps.SQRT: "llvm.sqrt", UnaryOps.TRUNC: "llvm.trunc"}
+_FLOAT_CMP = {BinaryOps.CMPLT: "<", BinaryOps.CMPEQ: "==", BinaryOps.CMPNE: "!="}
+
+
+class LLVMRenderer:
+  def __init__(self, program: Program):
+    self.program = program
+    self.module = ir.Module(name=program.name)
+    fn_type = ir.FunctionType(ir.VoidType(), [ir.PointerType() for _ in program.globals])
+    self.fn = ir.Function(self.module, fn_type, name=program.name)
+    self.entry = self.fn.append_basic_block("entry")
+    self.b = ir.IRBuilder(self.entry)
+    self.values: dict[int, ir.Value] = {}
+    self.loops: dict[int, tuple] = {}
+
+  def ref(self, u: UOp) -> ir.Value:
+    if u.op is UOps.CONST: return const(u.arg, u.dtype)
+    if u.op is UOps.DEFINE_ACC: return self.b.load(self.values[id(u)], typ=reg_type(u.dtype))
+    return self.values[id(u)]
+
+  def intrinsic(self, name: str, dtype: DType, args: list[ir.Value]) -> ir.Value:
+    fn = self.module.declare_intrinsic(name, [reg_type(dtype)])
+    return self.b.call(fn, args)
+
+  def cast(self, x: ir.Value, src: DType, dst: DType) -> ir.Value:
+    b, to = self.b, reg_type(dst)
+    if src == dst: return x
+    if dst == dtypes.bool:
+      if src.is_float: return b.fcmp_unordered("!=", x, const(0, src))   # NaN is true, like C
+      return b.icmp_unsigned("!=", x, const(0, src))
+    if src.is_float and dst.is_float:
+      return b.fpext(x, to) if dst.itemsize > src.itemsize else b.fptrunc(x, to)
+    if src.is_float: return b.fptoui(x, to) if dst.is_unsigned else b.fptosi(x, to)
+    if dst.is_float: return b.uitofp(x, to) if src.is_unsigned else b.sitofp(x, to)
+    if dst.itemsize < src.itemsize: return b.trunc(x, to)
+    if dst.itemsize == src.itemsize and src != dtypes.bool: return x    # int8 <-> uint8: same bits
+    return b.zext(x, to) if src.is_unsigned else b.sext(x, to)
+
+  def int_divmod(self, op: BinaryOps, a: ir.Value, d: ir.Value, dtype: DType, divisor: UOp) -> ir.Value:
+    """a / d or a % d with C semantics, giving 0 for d == 0 and wrapping MIN / -1 (numpy's answers)."""
+    b, signed = self.b, not dtype.is_unsigned
+    if divisor.op is UOps.CONST and divisor.arg not in (0, -1):
+      if op is BinaryOps.DIV: return b.sdiv(a, d) if signed else b.udiv(a, d)
+      return b.srem(a, d) if signed else b.urem(a, d)
+    zero, one = const(0, dtype), const(1, dtype)
+    bad = b.icmp_unsigned("==", d, zero)
+    if signed: bad = b.or_(bad, b.icmp_signed("==", d, const(-1, dtype)))
+    safe = b.select(bad, one, d)                 # never divide by 0 or -1: both can trap
+    if op is BinaryOps.MOD:
+      return b.select(bad, zero, b.srem(a, safe) if signed else b.urem(a, safe))
+    q = b.sdiv(a, safe) if signed else b.udiv(a, safe)
+    if signed: q = b.select(b.icmp_signed("==", d, const(-1, dtype)), b.neg(a), q)
+    return b.select(b.icmp_unsigned("==", d, zero), zero, q)
+
+  def alu(self, u: UOp) -> ir.Value:
+    b, op, dt = self.b, u.arg, u.dtype
+    s = [self.ref(x) for x in u.srcs]
+    sdt = u.srcs[0].dtype
+    if op is UnaryOps.CAST: return self.cast(s[0], sdt, dt)
+    if op is UnaryOps.BITCAST: return b.bitcast(s[0], reg_type(dt))
+    if op is TernaryOps.WHERE: return b.select(s[0], s[1], s[2])
+    if op in _FLOAT_CMP or op is BinaryOps.CMPLT:
+      if sdt.is_float:
+        # != is unordered so NaN != NaN is true; < and == are ordered, like C
+        return b.fcmp_unordered("!=", s[0], s[1]) if op is BinaryOps.CMPNE else b.fcmp_ordered(_FLOAT_CMP[op], s[0], s[1])
+      cmp = b.icmp_unsigned if sdt.is_unsigned else b.icmp_signed
+      return cmp(_FLOAT_CMP[op], s[0], s[1])
+    if dt.is_float:
+      if op in _INTRINSICS: return self.intrinsic(_INTRINSICS[op], dt, s)
+      if op is UnaryOps.NEG: return b.fneg(s[0])
+      if op is UnaryOps.RECIP: return b.fdiv(const(1, dt), s[0])
+      table = {BinaryOps.ADD: b.fadd, BinaryOps.SUB: b.fsub, BinaryOps.MUL: b.fmul, BinaryOps.DIV: b.fdiv,
+               BinaryOps.MOD: b.frem}
+      if op in table: return table[op](s[0], s[1])
+      if op is BinaryOps.MAX:
+        # NaN wins, as in numpy.maximum: a if (a > b or a is NaN) else b
+        take_a = b.or_(b.fcmp_ordered(">", s[0], s[1]), b.fcmp_unordered("uno", s[0], s[0]))
+        return b.select(take_a, s[0], s[1])
+    elif dt == dtypes.bool:
+      # bool arithmetic as numpy does it: + is or, * is and, - is xor, max is or
+      table = {BinaryOps.ADD: b.or_, BinaryOps.OR: b.or_, BinaryOps.MAX: b.or_, BinaryOps.MUL: b.and_,
+               BinaryOps.AND: b.and_, BinaryOps.SUB: b.xor, BinaryOps.XOR: b.xor}
+      if op in table: return table[op](s[0], s[1])
+      if op is UnaryOps.NEG: return b.xor(s[0], const(1, dt))
+      if op is UnaryOps.TRUNC: return s[0]
+    else:
+      table = {BinaryOps.ADD: b.add, BinaryOps.SUB: b.sub, BinaryOps.MUL: b.mul, BinaryOps.AND: b.and_,
+               BinaryOps.OR: b.or_, BinaryOps.XOR: b.xor}
+      if op in table: return table[op](s[0], s[1])
+      if op is UnaryOps.NEG: return b.neg(s[0])
+      if op is UnaryOps.TRUNC: return s[0]
+      if op in (BinaryOps.DIV, BinaryOps.MOD): return self.int_divmod(op, s[0], s[1], dt, u.srcs[1])
+      if op is UnaryOps.RECIP: return self.int_divmod(BinaryOps.DIV, const(1, dt), s[0], dt, u.srcs[0])
+      if op is BinaryOps.MAX:
+        gt = b.icmp_unsigned(">", s[0], s[1]) if dt.is_unsigned else b.icmp_signed(">", s[0], s[1])
+        return b.select(gt, s[0], s[1])
+    raise NotImplementedError(f"LLVM renderer has no rule for {op} on {dt.name}")
+
+  def load(self, u: UOp) -> ir.Value:
+    b = self.b
+    buf, idx = self.ref(u.srcs[0]), self.ref(u.srcs[1])
+    gate = self.ref(u.srcs[2]) if len(u.srcs) == 3 else None
+    # a gated load reads element 0 (always allocated) when invalid, then selects 0: no branch, no fault
+    if gate is not None: idx = b.select(gate, idx, ir.Constant(idx.type, 0))
+    ptr = b.gep(buf, [idx], inbounds=True, source_etype=mem_type(u.dtype))
+    val = b.load(ptr, typ=mem_type(u.dtype))
+    if u.dtype == dtypes.bool: val = b.icmp_unsigned("!=", val, ir.Constant(ir.IntType(8), 0))
+    return val if gate is None else b.select(gate, val, const(0, u.dtype))
+
+  def store(self, u: UOp) -> None:
+    buf, idx, val = (self.ref(x) for x in u.srcs)
+    dtype = u.srcs[2].dtype
+    if dtype == dtypes.bool: val = self.b.zext(val, ir.IntType(8))
+    self.b.store(val, self.b.gep(buf, [idx], inbounds=True, source_etype=mem_type(dtype)))
+
+  def open_loop(self, u: UOp) -> None:
+    b, ity = self.b, reg_type(u.dtype)
+    name, extent = u.arg
+    pre = b.block
+    header = self.fn.append_basic_block(f"{name}_head")
+    body = self.fn.append_basic_block(f"{name}_body")
+    exit_ = self.fn.append_basic_block(f"{name}_exit")
+    b.branch(header)
+    b.position_at_end(header)
+    counter = b.phi(ity, name=name)
+    counter.add_incoming(ir.Constant(ity, 0), pre)
+    b.cbranch(b.icmp_signed("<", counter, ir.Constant(ity, extent)), body, exit_)
+    b.position_at_end(body)
+    self.values[id(u)] = counter
+    self.loops[id(u)] = (header, exit_, counter)
+
+  def close_loop(self, loop: UOp) -> None:
+    b = self.b
+    header, exit_, counter = self.loops[id(loop)]
+    counter.add_incoming(b.add(counter, ir.Constant(counter.type, 1)), b.block)
+    b.branch(header)
+    b.position_at_end(exit_)
+
+  def render(self) -> str:
+    for arg, g in zip(self.fn.args, self.program.globals):
+      arg.add_attribute("noalias")
+      self.values[id(g)] = arg
+    for u in self.program.uops:
+      if u.op in (UOps.DEFINE_GLOBAL, UOps.CONST): continue
+      if u.op is UOps.RANGE: self.open_loop(u)
+      elif u.op is UOps.ENDRANGE: self.close_loop(u.srcs[0])
+      elif u.op is UOps.LOAD: self.values[id(u)] = self.load(u)
+      elif u.op is UOps.ALU: self.values[id(u)] = self.alu(u)
+      elif u.op is UOps.STORE: self.store(u)
+      elif u.op is UOps.DEFINE_ACC:
+        # allocas go in the entry block so mem2reg/SROA can promote them
+        with self.b.goto_block(self.entry):
+          self.b.position_at_start(self.entry)
+          slot = self.b.alloca(reg_type(u.dtype), name=f"acc{u.num}")
+        self.values[id(u)] = slot
+        self.b.store(const(u.arg, u.dtype), slot)
+      elif u.op is UOps.ASSIGN: self.b.store(self.ref(u.srcs[1]), self.values[id(u.srcs[0])])
+      else: raise NotImplementedError(f"LLVM renderer has no rule for {u.op}")
+    self.b.ret_void()
+    return str(self.module)
+
+
+def render_llvm(program: Program) -> str:
+  """LLVM IR text of a module holding the program's one function."""
+  return LLVMRenderer(program).render()

@@ -1,0 +1,107 @@
+"""The compiled-kernel cache: compile each kernel source once per machine, not once per process.
+
+in: a kernel's source, the compiler and its flags, and a function that compiles the source to a file
+out: a loaded shared library (ctypes.CDLL), taken from memory, from disk, or freshly compiled.
+Disk layout: `<dir>/<key>.so` plus `<key>.sha256`, the checksum of the .so's bytes. `dir` is
+`$TINYCHAD_CACHE`, else `~/.cache/tinychad`; `CACHE=0` turns the disk cache off.
+Files are written to a temporary name in the same directory and moved into place with os.replace,
+which is atomic, so a concurrent reader sees either no file or a whole one. A .so whose bytes don't
+match its checksum (a crash mid-write of an old version, a truncated copy) is rebuilt, not loaded.
+"""
+from __future__ import annotations
+import ctypes
+import hashlib
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Callable
+from tinychad.helpers import getenv
+
+
+class CacheStats:
+  """What the cache did in this process, for tests and DEBUG output."""
+  compiles: int = 0
+  memory_hits: int = 0
+  disk_hits: int = 0
+
+  @staticmethod
+  def reset() -> None: CacheStats.compiles = CacheStats.memory_hits = CacheStats.disk_hits = 0
+
+
+_memory: dict[str, Any] = {}
+
+
+def cache_dir() -> Path | None:
+  """The disk cache directory (created on demand), or None when CACHE=0."""
+  if not getenv("CACHE", 1): return None
+  path = Path(os.getenv("TINYCHAD_CACHE") or Path.home() / ".cache" / "tinychad")
+  path.mkdir(parents=True, exist_ok=True)
+  return path
+
+
+def cache_key(*parts: str) -> str:
+  """Hash of everything that decides the compiled bytes (source, compiler, flags)."""
+  h = hashlib.sha256()
+  for p in parts: h.update(p.encode() + b"\0")
+  return h.hexdigest()
+
+
+def memoize(key: str, build: Callable[[], Any]) -> Any:
+  """In-memory only: the value built for `key`, building it the first time."""
+  if key in _memory:
+    CacheStats.memory_hits += 1
+    return _memory[key]
+  _memory[key] = value = build()
+  return value
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+  fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+  try:
+    with os.fdopen(fd, "wb") as f: f.write(data)
+    os.replace(tmp, path)
+  except BaseException:
+    if os.path.exists(tmp): os.unlink(tmp)
+    raise
+
+
+def _load_verified(lib_path: Path, sum_path: Path) -> ctypes.CDLL | None:
+  """The library at lib_path if its bytes match the checksum beside it, else None."""
+  try:
+    data, expected = lib_path.read_bytes(), sum_path.read_text().strip()
+  except OSError:
+    return None
+  if hashlib.sha256(data).hexdigest() != expected: return None
+  try:
+    return ctypes.CDLL(str(lib_path))
+  except OSError:
+    return None
+
+
+def load_shared_library(key: str, build: Callable[[Path], None]) -> ctypes.CDLL:
+  """The shared library for `key`; `build(path)` compiles it to `path` on a miss."""
+  if key in _memory:
+    CacheStats.memory_hits += 1
+    return _memory[key]
+  directory = cache_dir()
+  lib = None
+  if directory is not None:
+    lib_path, sum_path = directory / f"{key}.so", directory / f"{key}.sha256"
+    lib = _load_verified(lib_path, sum_path)
+    if lib is not None: CacheStats.disk_hits += 1
+  if lib is None:
+    with tempfile.TemporaryDirectory(dir=directory) as tmp:
+      built = Path(tmp) / "kernel.so"
+      build(built)
+      CacheStats.compiles += 1
+      data = built.read_bytes()
+      if directory is None:
+        lib = ctypes.CDLL(str(built))    # the mapping outlives the file
+      else:
+        # the library first, its checksum second: a reader that sees the new checksum sees the new library
+        _atomic_write(lib_path, data)
+        _atomic_write(sum_path, hashlib.sha256(data).hexdigest().encode())
+        # load our own bytes, not whatever a concurrent writer put at lib_path meanwhile
+        lib = ctypes.CDLL(str(built))
+  _memory[key] = lib
+  return lib
