@@ -61,6 +61,7 @@ class Buffer:
     if self._data is None:
       self._memory = memory_pool.take(self.nbytes)
       self._data = self._memory.view(self.dtype.np)
+      self.address = self._memory.ctypes.data   # what compiled kernels are called with
     return self
 
   def copyin(self, array: np.ndarray) -> Buffer:
@@ -92,6 +93,7 @@ class _DeviceRegistry:
     return base
 
   def __getitem__(self, name: str):
+    if name in self._devices: return self._devices[name]
     name = self.canonicalize(name)
     if name not in self._devices:
       module = importlib.import_module(self._modules[name])

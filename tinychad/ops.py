@@ -5,7 +5,7 @@ A device that implements these can run every Tensor method; backward rules live 
 Functions in function.py, which are written in terms of the same primitives.
 """
 from __future__ import annotations
-from dataclasses import dataclass, field
+import weakref
 from enum import Enum, auto
 from typing import Any
 
@@ -76,20 +76,27 @@ COMPARISONS = {BinaryOps.CMPLT, BinaryOps.CMPEQ, BinaryOps.CMPNE}
 ALU_OPS = (UnaryOps, BinaryOps, TernaryOps)
 
 
-@dataclass(frozen=True)
 class KernelNode:
   """One node of a kernel tree: loads and consts at the leaves, ALU ops and at most one reduce
-  inside, a STORE at the root. Trees compare by value, so equal kernels share one compile."""
-  op: Op
-  srcs: tuple[KernelNode, ...] = ()
-  arg: Any = None
-  dtype: Any = None
-  _hash: int = field(default=0, compare=False, repr=False)
+  inside, a STORE at the root. Nodes are interned: building an equal tree gives the very same
+  objects, so trees compare and hash by identity, and equal kernels share one compile."""
+  __slots__ = ("op", "srcs", "arg", "dtype", "_hash", "__weakref__")
+  _interned: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
-  def __post_init__(self):
-    object.__setattr__(self, "_hash", hash((self.op, self.srcs, self.arg, self.dtype)))
+  def __new__(cls, op: Op, srcs: tuple[KernelNode, ...] = (), arg: Any = None, dtype: Any = None):
+    # 0.0 and -0.0 (and 1 and 1.0) are equal as Python values but not as constants in a kernel
+    arg_key = (type(arg[0]), repr(arg[0]), arg[1]) if op is BufferOps.CONST else arg
+    key = (op, srcs, arg_key, dtype)
+    node = cls._interned.get(key)
+    if node is None:
+      node = object.__new__(cls)
+      node.op, node.srcs, node.arg, node.dtype, node._hash = op, srcs, arg, dtype, hash(key)
+      cls._interned[key] = node
+    return node
 
   def __hash__(self) -> int: return self._hash
+
+  def __repr__(self) -> str: return f"KernelNode({self.op.name}, {len(self.srcs)} srcs, {self.arg!r}, {self.dtype!r})"
 
   def walk(self):
     """Every node once, sources before users."""

@@ -27,7 +27,7 @@ class Tensor:
   __slots__ = ("lazydata", "requires_grad", "grad", "_ctx", "__weakref__")
   training: bool = False   # dropout and batchnorm look at this
   no_grad: bool = False    # set by the no_grad() context: no graph for backward is recorded
-  assign_listener = None   # set by TinyJit while it records, to learn which tensors a step updates
+  assign_listener = None   # set by TinyJit: it learns which tensors a step updates, and which change between steps
   _rng: np.random.Generator = np.random.default_rng(0)
 
   def __init__(self, data, device: str | None = None, dtype: DType | str | None = None, requires_grad: bool | None = None):

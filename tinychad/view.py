@@ -9,6 +9,7 @@ ints, numpy index arrays (the numpy device) and symbolic nodes (the code generat
 from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
+import functools
 import math
 
 Shape = tuple[int, ...]
@@ -167,7 +168,7 @@ class ShapeTracker:
 
   @staticmethod
   def from_shape(shape: Shape) -> ShapeTracker:
-    return ShapeTracker((View.create(tuple(shape)),))
+    return _contiguous_tracker(tuple(shape))
 
   @property
   def shape(self) -> Shape: return self.views[-1].shape
@@ -230,3 +231,9 @@ class ShapeTracker:
       if more_valid is False or valid is False: return index, False
       if more_valid is not None: valid = more_valid if valid is None else valid & more_valid
     return index, valid
+
+
+@functools.lru_cache(maxsize=4096)
+def _contiguous_tracker(shape: Shape) -> ShapeTracker:
+  # trackers are immutable, so every contiguous tensor of one shape can share one (and its hash)
+  return ShapeTracker((View.create(shape),))

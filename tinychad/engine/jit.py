@@ -14,6 +14,7 @@ one changes rather than replaying a stale value.
 from __future__ import annotations
 import functools
 import types
+import weakref
 from typing import Any, Callable
 from tinychad.device import Buffer, Device
 from tinychad.engine import schedule
@@ -33,13 +34,23 @@ class _Recording:
 _active: _Recording | None = None
 
 
+_live_jits: weakref.WeakSet = weakref.WeakSet()
+
+
 def note_assign(tensor: Tensor) -> None:
-  """Called by Tensor.assign: remember the buffer the tensor held before the recorded call changed it."""
-  if _active is None or id(tensor) in _active.assigned: return
+  """Called by every Tensor.assign. Inside a recorded call: remember the buffer the tensor held before
+  the call changed it. Outside: tell each recording that reads the tensor's buffer where its value now lives."""
   base = tensor.lazydata.base
-  if base.realized is None:
-    raise RuntimeError("TinyJit: a tensor assigned inside a jitted function must be realized before the call")
-  _active.assigned[id(tensor)] = (tensor, base.realized)
+  if _active is not None:
+    if id(tensor) in _active.assigned: return
+    if base.realized is None:
+      raise RuntimeError("TinyJit: a tensor assigned inside a jitted function must be realized before the call")
+    _active.assigned[id(tensor)] = (tensor, base.realized)
+    return
+  if base.realized is None: return
+  for jit in _live_jits:
+    if jit.recording is not None and id(base.realized) in jit.recording.external:
+      jit.recording.rebound[id(base.realized)] = tensor
 
 
 def note_run(item, bufs: list[Buffer]) -> None:
@@ -113,14 +124,14 @@ class TinyJit:
     global _active
     recording = _Recording()
     _active = recording
-    schedule.capture, Tensor.assign_listener = note_run, note_assign
+    schedule.capture = note_run
     try:
       out = self.fn(*args, **kwargs)
       outs = _flatten(out)
       if outs: Tensor.realize(*outs)
     finally:
       _active = None
-      schedule.capture, Tensor.assign_listener = None, None
+      schedule.capture = None
     for t in outs:
       if t.lazydata.base.realized is None:
         raise RuntimeError("TinyJit: a returned tensor was not computed by a kernel (a constant?); return computed tensors")
@@ -128,7 +139,12 @@ class TinyJit:
     recording.outputs = [(t.lazydata.base.realized, t.lazydata.base.shape, t.lazydata.st) for t in outs]
     recording.assigned_after = [(t, t.lazydata.base.realized, t.lazydata.base.shape, t.lazydata.st) for t, _ in recording.assigned.values()]
     recording.structure = out
+    # buffers the recording reads but did not write: tensors assigned later (outside) rebind them
+    written = {id(bufs[0]) for _, bufs in recording.steps}
+    recording.external = {id(b) for _, bufs in recording.steps for b in bufs[1:] if id(b) not in written}
+    recording.rebound = {}
     self.recording = recording
+    _live_jits.add(self)
     return out
 
   def _replay(self, tensors: list[Tensor]):
@@ -136,6 +152,7 @@ class TinyJit:
     swap: dict[int, Buffer] = {}
     for old, new in zip(rec.inputs, tensors): swap[id(old)] = new.lazydata.base.realized
     for tensor, before in rec.assigned.values(): swap[id(before)] = tensor.lazydata.base.realized
+    for old_id, tensor in rec.rebound.items(): swap[old_id] = tensor.realize().lazydata.base.realized
     fresh: dict[int, Buffer] = {}
     for buf, *_ in rec.outputs: fresh[id(buf)] = Buffer(buf.device, buf.size, buf.dtype).allocate()
     for _, after, _, _ in rec.assigned_after: fresh[id(after)] = Buffer(after.device, after.size, after.dtype).allocate()
@@ -178,3 +195,6 @@ def _rebuild(structure, outs):
   if isinstance(structure, dict): return {k: _rebuild(v, outs) for k, v in structure.items()}
   return structure
 
+
+
+Tensor.assign_listener = note_assign

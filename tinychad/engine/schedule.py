@@ -231,7 +231,7 @@ capture = None
 def run_schedule(items: list[ScheduleItem]) -> None:
   from tinychad.device import Buffer, Device
   start = time.perf_counter()
-  kernels = 0
+  kernels, debug = 0, DEBUG()
   for item in items:
     out = item.output
     buf = Buffer(out.device, out.size, out.dtype).allocate()
@@ -246,9 +246,9 @@ def run_schedule(items: list[ScheduleItem]) -> None:
       elapsed = time.perf_counter() - t0
       kernels += 1
       _count(item, elapsed)
-      if DEBUG() >= 2: print(f"  kernel {GlobalCounters.kernel_count:4d} {item.name:30s} {out.device:6s} {elapsed*1e6:9.1f} us")
+      if debug >= 2: print(f"  kernel {GlobalCounters.kernel_count:4d} {item.name:30s} {out.device:6s} {elapsed*1e6:9.1f} us")
     out.realized, out.srcs = buf, ()
-  if DEBUG() >= 1 and items:
+  if debug >= 1 and items:
     elapsed = time.perf_counter() - start
     print(f"realize: {len(items)} items, {kernels} kernels, {elapsed*1e3:.2f} ms")
 
