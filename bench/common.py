@@ -275,8 +275,9 @@ def main(module_names: list[str], argv: list[str] | None = None) -> None:
         + (" (--quick: small sizes, 3 runs)." if args.quick else "."))
 
 
-def tinygrad_realize(*tensors) -> None:
-  """Realize tinygrad tensors and wait for the CPU queue, so the time covers the work."""
+def tinygrad_realize(*tensors):
+  """Realize tinygrad tensors and wait for the CPU queue, so the time covers the work; returns the first."""
   from tinygrad import Device, Tensor
   Tensor.realize(*tensors)
   Device[Device.DEFAULT].synchronize()
+  return tensors[0]

@@ -42,17 +42,19 @@ def tensor_gpt(w: dict, tokens):
 
 
 def tinychad_gpt(batch: int, seq: int):
-  from tinychad import Tensor
+  from tinychad import Tensor, TinyJit
   w = {name: (Tensor.randn(*shape) * 0.02).realize() for name, shape in weight_shapes(seq).items()}
   tokens = Tensor.randint(0, VOCAB, size=(batch, seq)).realize()
-  return lambda: tensor_gpt(w, tokens).realize()
+  forward = TinyJit(lambda toks: tensor_gpt(w, toks))
+  return lambda: forward(tokens).realize()
 
 
 def tinygrad_gpt(batch: int, seq: int):
-  from tinygrad import Tensor
+  from tinygrad import Tensor, TinyJit
   w = {name: (Tensor.randn(*shape) * 0.02).realize() for name, shape in weight_shapes(seq).items()}
   tokens = Tensor.randint(batch, seq, low=0, high=VOCAB).realize()
-  return lambda: tinygrad_realize(tensor_gpt(w, tokens))
+  forward = TinyJit(lambda toks: tinygrad_realize(tensor_gpt(w, toks)))
+  return lambda: forward(tokens)
 
 
 def torch_gpt(batch: int, seq: int):
