@@ -316,6 +316,7 @@ class Tensor:
 
   def expand(self, *shape) -> Tensor:
     shape = argfix(*shape)
+    if shape == self.shape: return self
     if len(shape) < self.ndim: raise ValueError(f"expand: shape {_shape_str(shape)} has fewer dims than tensor of shape {_shape_str(self.shape)}")
     padded = (1,) * (len(shape) - self.ndim) + self.shape
     new = tuple(p if s == -1 else s for s, p in zip(shape, padded))
@@ -497,6 +498,8 @@ class Tensor:
   # ---- broadcasting and type promotion for binary ops ----
   def _broadcasted(self, other, op: str, reverse: bool = False) -> tuple[Tensor, Tensor]:
     x: Tensor = self
+    if isinstance(other, Tensor) and other.dtype == x.dtype and other.shape == x.shape and other.device == x.device:
+      return (other, x) if reverse else (x, other)
     if isinstance(other, Tensor):
       y = other
       if y.device != x.device: raise ValueError(f"{op}: tensors are on different devices {x.device} and {y.device}")
@@ -902,8 +905,9 @@ class Tensor:
     r = Tensor.arange(rows, device=self.device).unsqueeze(1) + diagonal
     c = Tensor.arange(cols, device=self.device).unsqueeze(0)
     return r >= c if lower else r <= c
-  def tril(self, diagonal: int = 0) -> Tensor: return self._triangle_mask(diagonal, True).where(self, 0)
-  def triu(self, diagonal: int = 0) -> Tensor: return self._triangle_mask(diagonal, False).where(self, 0)
+  # cast back: where(self, 0) promotes a bool tensor to int64 (0 is an int), PyTorch keeps the dtype
+  def tril(self, diagonal: int = 0) -> Tensor: return self._triangle_mask(diagonal, True).where(self, 0).cast(self.dtype)
+  def triu(self, diagonal: int = 0) -> Tensor: return self._triangle_mask(diagonal, False).where(self, 0).cast(self.dtype)
 
   def any(self, axis=None, keepdim: bool = False) -> Tensor: return self.bool().sum(axis, keepdim) > 0
   def all(self, axis=None, keepdim: bool = False) -> Tensor: return self.bool().logical_not().any(axis, keepdim).logical_not()

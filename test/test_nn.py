@@ -1,0 +1,232 @@
+"""Each layer in tinychad.nn against PyTorch's: same weights (copied through load_state_dict), same input ->
+same output, same input gradient and same parameter gradients; plus state-dict names, shapes and init ranges."""
+from __future__ import annotations
+import numpy as np
+import pytest
+import torch
+from tinychad import Tensor, dtypes, nn
+from tinychad.nn.state import get_parameters, get_state_dict, load_state_dict
+
+ATOL, RTOL = 1e-4, 1e-4
+
+
+def copy_weights(ours, theirs: torch.nn.Module) -> None:
+  """PyTorch's state_dict into our layer: the names must agree key for key (strict)."""
+  load_state_dict(ours, {k: v.detach().numpy() for k, v in theirs.state_dict().items()})
+
+
+def check_layer(ours, theirs: torch.nn.Module, *inputs: np.ndarray, grad_inputs: bool = True,
+                call=lambda layer, *xs: layer(*xs)) -> None:
+  """Forward and backward of both layers on the same inputs. `call(layer, *inputs)` runs a layer and returns
+  the one tensor to compare (for layers taking tuples or returning several tensors)."""
+  copy_weights(ours, theirs)
+  x_ours = [Tensor(a, requires_grad=grad_inputs and a.dtype == np.float32) for a in inputs]
+  x_theirs = [torch.tensor(a, requires_grad=grad_inputs and a.dtype == np.float32) for a in inputs]
+  out_ours, out_theirs = call(ours, *x_ours), call(theirs, *x_theirs)
+  np.testing.assert_allclose(out_ours.numpy(), out_theirs.detach().numpy(), atol=ATOL, rtol=RTOL)
+  # a random weighting of the outputs, so every output element's gradient matters
+  weight = np.random.default_rng(1).standard_normal(out_theirs.shape).astype(np.float32)
+  (out_ours * Tensor(weight)).sum().backward()
+  (out_theirs * torch.tensor(weight)).sum().backward()
+  for xo, xt in zip(x_ours, x_theirs):
+    if not xt.requires_grad: continue
+    # an input the output doesn't depend on may get no gradient at all (None), in either framework
+    grad_ours = xo.grad.numpy() if xo.grad is not None else 0
+    np.testing.assert_allclose(grad_ours, xt.grad.numpy() if xt.grad is not None else 0, atol=ATOL, rtol=RTOL)
+  ours_sd = get_state_dict(ours)
+  for name, p in theirs.named_parameters():
+    if p.grad is None:  # the compared output does not depend on this parameter
+      assert ours_sd[name].grad is None or not ours_sd[name].grad.numpy().any(), name
+      continue
+    assert ours_sd[name].grad is not None, f"{name} got no gradient"
+    np.testing.assert_allclose(ours_sd[name].grad.numpy(), p.grad.numpy(), atol=ATOL, rtol=RTOL, err_msg=name)
+
+
+def randn(*shape: int) -> np.ndarray: return np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+
+
+def test_linear():
+  check_layer(nn.Linear(7, 5), torch.nn.Linear(7, 5), randn(3, 7))
+  check_layer(nn.Linear(7, 5, bias=False), torch.nn.Linear(7, 5, bias=False), randn(2, 3, 7))
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"stride": 2, "padding": 1}, {"groups": 2, "dilation": 2, "padding": "same"}])
+def test_conv1d(kwargs):
+  check_layer(nn.Conv1d(4, 6, 3, **kwargs), torch.nn.Conv1d(4, 6, 3, **kwargs), randn(2, 4, 11))
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"stride": 2, "padding": 1}, {"groups": 2, "bias": False}])
+def test_conv2d(kwargs):
+  check_layer(nn.Conv2d(4, 6, (3, 2), **kwargs), torch.nn.Conv2d(4, 6, (3, 2), **kwargs), randn(2, 4, 9, 8))
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"stride": 2, "padding": 1, "output_padding": 1}])
+def test_conv_transpose2d(kwargs):
+  check_layer(nn.ConvTranspose2d(4, 3, 3, **kwargs), torch.nn.ConvTranspose2d(4, 3, 3, **kwargs), randn(2, 4, 5, 5))
+
+
+@pytest.mark.parametrize("ours,theirs,shape", [(nn.BatchNorm1d, torch.nn.BatchNorm1d, (6, 4)),
+                                               (nn.BatchNorm1d, torch.nn.BatchNorm1d, (6, 4, 5)),
+                                               (nn.BatchNorm2d, torch.nn.BatchNorm2d, (3, 4, 5, 5))])
+def test_batchnorm_train_then_eval(ours, theirs, shape):
+  a, b = ours(4), theirs(4)
+  try:
+    nn.train()
+    b.train()
+    check_layer(a, b, randn(*shape))
+    # a second batch: the running statistics follow PyTorch's momentum update, unbiased variance and counter
+    a(Tensor(randn(*shape) * 2 + 1))
+    b(torch.tensor(randn(*shape) * 2 + 1))
+    for name in ("running_mean", "running_var", "num_batches_tracked"):
+      np.testing.assert_allclose(getattr(a, name).numpy(), getattr(b, name).numpy(), atol=1e-5, rtol=1e-5, err_msg=name)
+  finally:
+    nn.eval()
+  b.eval()
+  np.testing.assert_allclose(a(Tensor(randn(*shape))).numpy(), b(torch.tensor(randn(*shape))).detach().numpy(), atol=ATOL, rtol=RTOL)
+
+
+def test_batchnorm_cumulative_momentum_and_module_switches():
+  a, b = nn.BatchNorm1d(3, momentum=None), torch.nn.BatchNorm1d(3, momentum=None)
+  assert a.train() is a and Tensor.training
+  for i in range(3):
+    a(Tensor(randn(5, 3) + i))
+    b(torch.tensor(randn(5, 3) + i))
+  a.eval()
+  assert not Tensor.training
+  np.testing.assert_allclose(a.running_mean.numpy(), b.running_mean.numpy(), atol=1e-6)
+  np.testing.assert_allclose(a.running_var.numpy(), b.running_var.numpy(), atol=1e-6)
+  assert [t.requires_grad for t in (a.running_mean, a.running_var)] == [False, False]
+  assert len(get_parameters(a)) == 2  # weight and bias only: running stats are not trained
+
+
+def test_layernorm():
+  check_layer(nn.LayerNorm(6), torch.nn.LayerNorm(6), randn(3, 6))
+  check_layer(nn.LayerNorm((4, 6), elementwise_affine=True, bias=False), torch.nn.LayerNorm((4, 6), bias=False), randn(2, 4, 6))
+
+
+def test_groupnorm():
+  check_layer(nn.GroupNorm(2, 6), torch.nn.GroupNorm(2, 6), randn(3, 6, 4, 4))
+  check_layer(nn.GroupNorm(3, 6, affine=False), torch.nn.GroupNorm(3, 6, affine=False), randn(3, 6, 5))
+
+
+def test_rmsnorm():
+  check_layer(nn.RMSNorm(6), torch.nn.RMSNorm(6), randn(3, 6))
+  check_layer(nn.RMSNorm((2, 6), eps=1e-3), torch.nn.RMSNorm((2, 6), eps=1e-3), randn(3, 2, 6))
+
+
+def test_embedding():
+  idx = np.array([[0, 3, 3], [9, 1, 0]], dtype=np.int64)
+  check_layer(nn.Embedding(10, 4), torch.nn.Embedding(10, 4), idx, grad_inputs=False)
+  a, b = nn.Embedding(10, 4, padding_idx=3), torch.nn.Embedding(10, 4, padding_idx=3)
+  assert np.all(a.weight.numpy()[3] == 0)
+  check_layer(a, b, idx, grad_inputs=False)
+  assert np.all(a.weight.grad.numpy()[3] == 0)
+
+
+def test_dropout():
+  x = Tensor.ones(200, 100)
+  assert (nn.Dropout(0.3)(x).numpy() == 1).all()  # eval: identity
+  try:
+    nn.train()
+    out = nn.Dropout(0.3)(x).numpy()
+  finally:
+    nn.eval()
+  kept = out != 0
+  assert abs(kept.mean() - 0.7) < 0.02
+  np.testing.assert_allclose(out[kept], 1 / 0.7, rtol=1e-6)
+  with pytest.raises(ValueError, match="p must be in"): nn.Dropout(1.5)
+
+
+def test_lstm_cell():
+  # h' and c' both matter: compare a mix of the two, so both paths of the gradient are checked
+  check_layer(nn.LSTMCell(5, 4), torch.nn.LSTMCell(5, 4), randn(3, 5), randn(3, 4) * 0.5, randn(3, 4) * 0.5,
+              call=lambda cell, x, h, c: (lambda hc: hc[0] * 2 + hc[1])(cell(x, (h, c))))
+  check_layer(nn.LSTMCell(5, 4, bias=False), torch.nn.LSTMCell(5, 4, bias=False), randn(3, 5), call=lambda cell, x: cell(x)[0])
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"num_layers": 2, "batch_first": True}, {"bidirectional": True, "num_layers": 2}])
+def test_lstm(kwargs):
+  shape = (2, 4, 3) if kwargs.get("batch_first") else (4, 2, 3)
+  check_layer(nn.LSTM(3, 5, **kwargs), torch.nn.LSTM(3, 5, **kwargs), randn(*shape), call=lambda lstm, x: lstm(x)[0])
+  # the final states, given initial ones
+  directions = 2 if kwargs.get("bidirectional") else 1
+  h0 = randn(kwargs.get("num_layers", 1) * directions, 2, 5) * 0.5
+  check_layer(nn.LSTM(3, 5, **kwargs), torch.nn.LSTM(3, 5, **kwargs), randn(*shape), h0, h0 + 0.1,
+              call=lambda lstm, x, h, c: (lambda out: out[1][0] + 3 * out[1][1])(lstm(x, (h, c))))
+
+
+def test_lstm_unbatched_and_names():
+  check_layer(nn.LSTM(3, 4), torch.nn.LSTM(3, 4), randn(6, 3), call=lambda lstm, x: lstm(x)[0])
+  names = list(get_state_dict(nn.LSTM(3, 4, num_layers=2, bidirectional=True)))
+  assert names == list(torch.nn.LSTM(3, 4, num_layers=2, bidirectional=True).state_dict())
+
+
+@pytest.mark.parametrize("batch_first", [False, True])
+def test_multihead_attention(batch_first):
+  q, kv = randn(4, 2, 8), randn(5, 2, 8) * 0.7
+  if batch_first: q, kv = q.transpose(1, 0, 2).copy(), kv.transpose(1, 0, 2).copy()
+  make = lambda lib: lib.MultiheadAttention(8, 2, batch_first=batch_first)  # noqa: E731
+  check_layer(make(nn), make(torch.nn), q, kv, kv + 0.3, call=lambda mha, q, k, v: mha(q, k, v)[0])
+  check_layer(make(nn), make(torch.nn), q, kv, kv, call=lambda mha, q, k, v: mha(q, k, v)[1])
+  # a boolean attention mask and a key padding mask: True means "may not attend", as in PyTorch
+  attn_mask = np.triu(np.ones((4, 5), dtype=bool), 2)
+  padding = np.array([[False] * 4 + [True], [False] * 5])
+  check_layer(make(nn), make(torch.nn), q, kv, kv,
+              call=lambda mha, q, k, v: mha(q, k, v, attn_mask=type(q)(attn_mask), key_padding_mask=type(q)(padding))[0]
+              if isinstance(q, Tensor) else mha(q, k, v, attn_mask=torch.tensor(attn_mask), key_padding_mask=torch.tensor(padding))[0])
+
+
+def test_multihead_attention_self_causal_per_head_weights():
+  x = randn(3, 1, 6)
+  ours, theirs = nn.MultiheadAttention(6, 3), torch.nn.MultiheadAttention(6, 3)
+  copy_weights(ours, theirs)
+  mask = np.triu(np.ones((3, 3), dtype=bool), 1)
+  out_o, w_o = ours(Tensor(x), Tensor(x), Tensor(x), attn_mask=Tensor(mask), average_attn_weights=False)
+  out_t, w_t = theirs(torch.tensor(x), torch.tensor(x), torch.tensor(x), attn_mask=torch.tensor(mask), average_attn_weights=False)
+  np.testing.assert_allclose(out_o.numpy(), out_t.detach().numpy(), atol=ATOL)
+  np.testing.assert_allclose(w_o.numpy(), w_t.detach().numpy(), atol=ATOL)
+  out_c, _ = ours(Tensor(x), Tensor(x), Tensor(x), is_causal=True, need_weights=False)
+  np.testing.assert_allclose(out_c.numpy(), out_t.detach().numpy(), atol=ATOL)
+
+
+def test_sequential_names_and_call():
+  ours = nn.Sequential(nn.Linear(4, 8), Tensor.relu, nn.Linear(8, 3))
+  theirs = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
+  assert list(get_state_dict(ours)) == list(theirs.state_dict()) == ["0.weight", "0.bias", "2.weight", "2.bias"]
+  check_layer(ours, theirs, randn(5, 4))
+  assert len(ours.parameters()) == 4
+
+
+@pytest.mark.parametrize("ours,theirs", [
+  (lambda: nn.Linear(30, 20), lambda: torch.nn.Linear(30, 20)),
+  (lambda: nn.Conv2d(6, 8, 3, groups=2), lambda: torch.nn.Conv2d(6, 8, 3, groups=2)),
+  (lambda: nn.ConvTranspose2d(6, 8, 3), lambda: torch.nn.ConvTranspose2d(6, 8, 3)),
+  (lambda: nn.LSTM(7, 9, num_layers=2), lambda: torch.nn.LSTM(7, 9, num_layers=2)),
+  (lambda: nn.MultiheadAttention(12, 3), lambda: torch.nn.MultiheadAttention(12, 3)),
+  (lambda: nn.Embedding(50, 6), lambda: torch.nn.Embedding(50, 6)),
+  (lambda: nn.BatchNorm2d(5), lambda: torch.nn.BatchNorm2d(5)),
+])
+def test_init_shapes_and_ranges_match_pytorch(ours, theirs):
+  """Same names, shapes and dtypes as PyTorch, and values spread over the same range (max |w| and std within 25%; constants equal)."""
+  a, b = get_state_dict(ours()), theirs().state_dict()
+  assert list(a) == list(b)
+  for name, tb in b.items():
+    ta = a[name].numpy()
+    assert ta.shape == tuple(tb.shape), name
+    assert ta.dtype == tb.numpy().dtype, name
+    if tb.numel() == 1 or (tb == tb.flatten()[0]).all():  # constants (norm weights, running stats, zero biases)
+      np.testing.assert_array_equal(ta, tb.numpy(), err_msg=name)
+    elif ta.size >= 100:  # enough samples for max and std to be stable
+      assert abs(np.abs(ta).max() / tb.abs().max().item() - 1) < 0.25, name
+      assert abs(ta.std() / tb.float().std().item() - 1) < 0.25, name
+    else:
+      assert ta.std() > 0, name
+
+
+def test_errors_name_the_problem():
+  with pytest.raises(ValueError, match="expects 4"): nn.Linear(4, 2)(Tensor.zeros(3, 5))
+  with pytest.raises(ValueError, match="3 channels, expected 4"): nn.BatchNorm2d(4)(Tensor.zeros(2, 3, 5, 5))
+  with pytest.raises(ValueError, match="4-d input"): nn.BatchNorm2d(4)(Tensor.zeros(2, 4))
+  with pytest.raises(ValueError, match="divide by num_heads"): nn.MultiheadAttention(10, 3)
+  with pytest.raises(TypeError, match="integers"): nn.Embedding(4, 2)(Tensor([0.5]))
+  assert nn.Embedding(4, 2)(Tensor([1, 2], dtype=dtypes.int32)).shape == (2, 2)

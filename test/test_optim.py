@@ -1,0 +1,148 @@
+"""Optimizers, schedulers and gradient clipping against torch.optim: same start, same gradients -> same numbers."""
+from __future__ import annotations
+import math
+import numpy as np
+import pytest
+import torch
+from tinychad import Tensor
+from tinychad.nn.lr_scheduler import CosineAnnealingLR, OneCycleLR, StepLR
+from tinychad.nn.optim import SGD, Adam, AdamW, RMSprop, clip_grad_norm_
+
+W0 = np.random.default_rng(0).standard_normal((4, 3)).astype(np.float32)
+B0 = np.random.default_rng(1).standard_normal(3).astype(np.float32)
+X = np.random.default_rng(2).standard_normal((5, 4)).astype(np.float32)
+
+
+def run_ours(make, steps: int = 5) -> list[np.ndarray]:
+  w, b = Tensor(W0, requires_grad=True), Tensor(B0, requires_grad=True)
+  opt = make([w, b])
+  for _ in range(steps):
+    opt.zero_grad()
+    ((Tensor(X) @ w + b).tanh().square().sum() + w.abs().sum()).backward()
+    opt.step()
+  return [w.numpy(), b.numpy()]
+
+
+def run_torch(make, steps: int = 5) -> list[np.ndarray]:
+  w, b = torch.tensor(W0, requires_grad=True), torch.tensor(B0, requires_grad=True)
+  opt = make([w, b])
+  for _ in range(steps):
+    opt.zero_grad()
+    ((torch.tensor(X) @ w + b).tanh().square().sum() + w.abs().sum()).backward()
+    opt.step()
+  return [w.detach().numpy(), b.detach().numpy()]
+
+
+CASES = [
+  (SGD, torch.optim.SGD, {"lr": 0.05}),
+  (SGD, torch.optim.SGD, {"lr": 0.05, "momentum": 0.9}),
+  (SGD, torch.optim.SGD, {"lr": 0.05, "momentum": 0.9, "dampening": 0.3, "weight_decay": 0.1}),
+  (SGD, torch.optim.SGD, {"lr": 0.05, "momentum": 0.8, "nesterov": True, "weight_decay": 0.01}),
+  (Adam, torch.optim.Adam, {"lr": 0.02}),
+  (Adam, torch.optim.Adam, {"lr": 0.02, "betas": (0.8, 0.99), "eps": 1e-6, "weight_decay": 0.1}),
+  (AdamW, torch.optim.AdamW, {"lr": 0.02}),
+  (AdamW, torch.optim.AdamW, {"lr": 0.02, "weight_decay": 0.5, "betas": (0.5, 0.9)}),
+  (RMSprop, torch.optim.RMSprop, {"lr": 0.01}),
+  (RMSprop, torch.optim.RMSprop, {"lr": 0.01, "alpha": 0.9, "momentum": 0.5, "weight_decay": 0.1}),
+  (RMSprop, torch.optim.RMSprop, {"lr": 0.01, "centered": True, "momentum": 0.3}),
+]
+
+
+@pytest.mark.parametrize("ours,theirs,kwargs", CASES, ids=[f"{c[0].__name__}-{i}" for i, c in enumerate(CASES)])
+def test_five_steps_match_torch(ours, theirs, kwargs):
+  for a, b in zip(run_ours(lambda p: ours(p, **kwargs)), run_torch(lambda p: theirs(p, **kwargs))):
+    np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5)
+
+
+def test_step_keeps_graphs_and_kernels_flat():
+  """After step() the parameters and the state are realized buffers: nothing of the step's graph is kept."""
+  w = Tensor(W0, requires_grad=True)
+  opt = Adam([w], lr=0.1)
+  for _ in range(3):
+    opt.zero_grad()
+    (w * w).sum().backward()
+    opt.step()
+  for t in (w, *opt.m, *opt.v, opt.b1_t, opt.b2_t):
+    assert t.lazydata.is_realized, "optimizer state left unrealized: graphs would grow step after step"
+
+
+def test_frozen_and_gradless_parameters_are_left_alone():
+  frozen = Tensor(W0, requires_grad=False)
+  unused = Tensor(B0, requires_grad=True)
+  w = Tensor(W0, requires_grad=True)
+  opt = SGD([frozen, unused, w], lr=0.1, momentum=0.9)
+  assert all(p is not frozen for p in opt.params)
+  (w.sum() * 2).backward()
+  opt.step()
+  np.testing.assert_array_equal(unused.numpy(), B0)
+  np.testing.assert_allclose(w.numpy(), W0 - 0.2, rtol=1e-6)
+  with pytest.raises(ValueError, match="no parameters"): SGD([frozen])
+  with pytest.raises(ValueError, match="nesterov"): SGD([w], nesterov=True)
+
+
+def lr_sequence(scheduler, opt, steps: int) -> list[float]:
+  """The lr of each of `steps` optimizer steps (the scheduler steps between them; OneCycleLR allows no more)."""
+  out = []
+  for i in range(steps):
+    out.append(opt.lr if not isinstance(opt, torch.optim.Optimizer) else opt.param_groups[0]["lr"])
+    opt.step()
+    if i < steps - 1: scheduler.step()
+  return out
+
+
+@pytest.mark.parametrize("ours,theirs,kwargs,steps", [
+  (StepLR, torch.optim.lr_scheduler.StepLR, {"step_size": 3, "gamma": 0.5}, 10),
+  (CosineAnnealingLR, torch.optim.lr_scheduler.CosineAnnealingLR, {"T_max": 7, "eta_min": 0.001}, 12),
+  (OneCycleLR, torch.optim.lr_scheduler.OneCycleLR, {"max_lr": 0.5, "total_steps": 20}, 20),
+  (OneCycleLR, torch.optim.lr_scheduler.OneCycleLR, {"max_lr": 0.5, "epochs": 3, "steps_per_epoch": 5,
+                                                     "anneal_strategy": "linear", "pct_start": 0.2}, 15),
+  (OneCycleLR, torch.optim.lr_scheduler.OneCycleLR, {"max_lr": 0.3, "total_steps": 17, "three_phase": True}, 17),
+])
+def test_scheduler_lr_sequence_matches_torch(ours, theirs, kwargs, steps):
+  opt = SGD([Tensor(W0, requires_grad=True)], lr=0.1)
+  topt = torch.optim.SGD([torch.tensor(W0, requires_grad=True)], lr=0.1)
+  # PyTorch's OneCycleLR also cycles momentum by default; ours schedules the lr only
+  extra = {"cycle_momentum": False} if ours is OneCycleLR else {}
+  ours_lrs = lr_sequence(ours(opt, **kwargs), opt, steps)
+  theirs_lrs = lr_sequence(theirs(topt, **kwargs, **extra), topt, steps)
+  np.testing.assert_allclose(ours_lrs, theirs_lrs, rtol=1e-5, atol=1e-8)
+
+
+def test_scheduler_drives_training_like_torch():
+  """lr changes reach the update (the lr lives in a tensor, so the compiled step picks up the new value)."""
+  def ours(p):
+    opt = SGD(p, lr=0.1, momentum=0.9)
+    sched = StepLR(opt, step_size=2, gamma=0.3)
+    return _stepping(opt, sched)
+
+  def theirs(p):
+    opt = torch.optim.SGD(p, lr=0.1, momentum=0.9)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.3)
+    return _stepping(opt, sched)
+  for a, b in zip(run_ours(ours, 6), run_torch(theirs, 6)): np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5)
+
+
+class _stepping:
+  """An optimizer whose step() also steps its scheduler, so run_ours/run_torch can drive both."""
+  def __init__(self, opt, sched): self.opt, self.sched = opt, sched
+  def zero_grad(self): self.opt.zero_grad()
+  def step(self):
+    self.opt.step()
+    self.sched.step()
+
+
+def test_onecycle_needs_a_length():
+  with pytest.raises(ValueError, match="total_steps"): OneCycleLR(SGD([Tensor(W0, requires_grad=True)]), max_lr=1.0)
+
+
+@pytest.mark.parametrize("max_norm,norm_type", [(1.0, 2.0), (100.0, 2.0), (0.5, math.inf), (2.0, 1.0)])
+def test_clip_grad_norm_matches_torch(max_norm, norm_type):
+  grads = [np.random.default_rng(i).standard_normal(s).astype(np.float32) for i, s in enumerate([(4, 3), (3,), (2, 2)])]
+  ours = [Tensor(np.zeros_like(g), requires_grad=True) for g in grads]
+  theirs = [torch.zeros(g.shape, requires_grad=True) for g in grads]
+  for p, q, g in zip(ours, theirs, grads):
+    p.grad, q.grad = Tensor(g), torch.tensor(g)
+  total = clip_grad_norm_(ours, max_norm, norm_type)
+  total_t = torch.nn.utils.clip_grad_norm_(theirs, max_norm, norm_type)
+  np.testing.assert_allclose(total.item(), total_t.item(), rtol=1e-5)
+  for p, q in zip(ours, theirs): np.testing.assert_allclose(p.grad.numpy(), q.grad.numpy(), rtol=1e-5, atol=1e-7)

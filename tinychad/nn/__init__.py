@@ -1,0 +1,381 @@
+"""Layers: plain Python classes whose Tensor attributes are the parameters (nn.state finds them by walking attributes).
+
+in: Tensors  ->  out: Tensors. PyTorch's class names, argument names, weight shapes, attribute names and
+initialisation, so a PyTorch state_dict loads as is (see nn/state.py). Lists and dicts of layers are fine:
+their items are named `layers.0.weight` as in PyTorch.
+Train/eval is one global switch, Tensor.training (read by Dropout and BatchNorm); `model.train()` and
+`model.eval()` flip it, or use nn.train(model) / nn.eval(model) for a model that is a plain object.
+"""
+from __future__ import annotations
+import math
+from typing import Any
+import numpy as np
+from tinychad.dtype import dtypes
+from tinychad.helpers import prod
+from tinychad.tensor import Tensor
+
+
+def train(model: Any = None, mode: bool = True) -> Any:
+  """Switch dropout and batchnorm to training behaviour (or back with mode=False); returns the model."""
+  Tensor.training = mode
+  return model
+
+
+def eval(model: Any = None) -> Any:  # noqa: A001 -- PyTorch's name
+  """Switch dropout off and batchnorm to its running statistics; returns the model."""
+  return train(model, False)
+
+
+class Module:
+  """Optional base: gives a layer or model PyTorch's train()/eval()/parameters()/state_dict() methods."""
+  def train(self, mode: bool = True): return train(self, mode)
+  def eval(self): return eval(self)
+
+  def parameters(self) -> list[Tensor]:
+    from tinychad.nn.state import get_parameters
+    return get_parameters(self)
+
+  def state_dict(self) -> dict[str, Tensor]:
+    from tinychad.nn.state import get_state_dict
+    return get_state_dict(self)
+
+  def load_state_dict(self, state_dict: dict, strict: bool = True):
+    from tinychad.nn.state import load_state_dict
+    return load_state_dict(self, state_dict, strict)
+
+
+def _uniform(*shape: int, bound: float) -> Tensor:
+  return Tensor.uniform(*shape, low=-bound, high=bound, requires_grad=True)
+
+
+def _buffer(value: Tensor) -> Tensor:
+  """A tensor that is saved in the state dict but never trained (running statistics)."""
+  return value.requires_grad_(False)
+
+
+class Linear(Module):
+  """y = x @ weight.T + bias, weight (out_features, in_features), PyTorch's uniform init."""
+  def __init__(self, in_features: int, out_features: int, bias: bool = True):
+    bound = 1 / math.sqrt(in_features)
+    self.weight = _uniform(out_features, in_features, bound=bound)
+    self.bias = _uniform(out_features, bound=bound) if bias else None
+
+  def __call__(self, x: Tensor) -> Tensor:
+    if x.shape[-1] != self.weight.shape[1]:
+      raise ValueError(f"Linear: input of shape {tuple(x.shape)} has {x.shape[-1]} features, the layer expects {self.weight.shape[1]}")
+    return x.linear(self.weight, self.bias)
+
+  # the seed called the layer's forward directly
+  forward = __call__
+
+
+class _ConvNd(Module):
+  """Weight (out_channels, in_channels/groups, *kernel_size); PyTorch's init: kaiming_uniform(a=sqrt(5)),
+  which works out to uniform(+-1/sqrt(fan_in)) for the weight and the bias alike."""
+  n = 0
+
+  def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0, dilation=1,
+               groups: int = 1, bias: bool = True):
+    if in_channels % groups or out_channels % groups:
+      raise ValueError(f"{type(self).__name__}: in_channels {in_channels} and out_channels {out_channels} must divide by groups {groups}")
+    self.kernel_size = (kernel_size,) * self.n if isinstance(kernel_size, int) else tuple(kernel_size)
+    self.stride, self.padding, self.dilation, self.groups = stride, padding, dilation, groups
+    bound = 1 / math.sqrt(in_channels // groups * prod(self.kernel_size))
+    self.weight = _uniform(out_channels, in_channels // groups, *self.kernel_size, bound=bound)
+    self.bias = _uniform(out_channels, bound=bound) if bias else None
+
+
+class Conv1d(_ConvNd):
+  """(N, C_in, L) -> (N, C_out, L_out)."""
+  n = 1
+  def __call__(self, x: Tensor) -> Tensor:
+    return x.conv1d(self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
+
+
+class Conv2d(_ConvNd):
+  """(N, C_in, H, W) -> (N, C_out, H_out, W_out)."""
+  n = 2
+  def __call__(self, x: Tensor) -> Tensor:
+    return x.conv2d(self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
+
+
+class ConvTranspose2d(Module):
+  """(N, C_in, H, W) -> (N, C_out, H_out, W_out); weight (in_channels, out_channels/groups, kh, kw) as in PyTorch,
+  whose init takes fan_in from the weight's second dim."""
+  def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0, output_padding=0,
+               groups: int = 1, bias: bool = True, dilation=1):
+    self.kernel_size = (kernel_size,) * 2 if isinstance(kernel_size, int) else tuple(kernel_size)
+    self.stride, self.padding, self.output_padding, self.groups, self.dilation = stride, padding, output_padding, groups, dilation
+    bound = 1 / math.sqrt(out_channels // groups * prod(self.kernel_size))
+    self.weight = _uniform(in_channels, out_channels // groups, *self.kernel_size, bound=bound)
+    self.bias = _uniform(out_channels, bound=bound) if bias else None
+
+  def __call__(self, x: Tensor) -> Tensor:
+    return x.conv_transpose2d(self.weight, self.bias, self.stride, self.padding, self.output_padding, self.groups, self.dilation)
+
+
+class _BatchNorm(Module):
+  """Normalise each channel (dim 1) by the batch's statistics while training, by the running ones in eval.
+
+  Running stats follow PyTorch: running = (1 - momentum) * running + momentum * batch, with the unbiased
+  batch variance; momentum=None means a cumulative average over num_batches_tracked batches.
+  """
+  def __init__(self, num_features: int, eps: float = 1e-5, momentum: float | None = 0.1, affine: bool = True,
+               track_running_stats: bool = True):
+    self.num_features, self.eps, self.momentum, self.track_running_stats = num_features, eps, momentum, track_running_stats
+    self.weight = Tensor.ones(num_features, requires_grad=True) if affine else None
+    self.bias = Tensor.zeros(num_features, requires_grad=True) if affine else None
+    if track_running_stats:
+      self.running_mean = _buffer(Tensor.zeros(num_features))
+      self.running_var = _buffer(Tensor.ones(num_features))
+      self.num_batches_tracked = _buffer(Tensor.zeros((), dtype=dtypes.int64))
+
+  ndims: tuple[int, ...] = ()  # the input ranks each subclass accepts
+
+  def __call__(self, x: Tensor) -> Tensor:
+    if x.ndim not in self.ndims: raise ValueError(f"{type(self).__name__}: expected a {' or '.join(map(str, self.ndims))}-d input, got shape {tuple(x.shape)}")
+    if x.shape[1] != self.num_features:
+      raise ValueError(f"{type(self).__name__}: input {tuple(x.shape)} has {x.shape[1]} channels, expected {self.num_features}")
+    if Tensor.training or not self.track_running_stats:
+      axes = tuple(i for i in range(x.ndim) if i != 1)
+      mean = x.mean(axes)
+      var = (x - mean.reshape((1, -1) + (1,) * (x.ndim - 2))).square().mean(axes)
+      if Tensor.training and self.track_running_stats: self._update_running(mean.detach(), var.detach(), x.numel() // x.shape[1])
+    else:
+      mean, var = self.running_mean, self.running_var
+    return x.batchnorm(self.weight, self.bias, mean, (var + self.eps).rsqrt())
+
+  def _update_running(self, mean: Tensor, var: Tensor, count: int) -> None:
+    self.num_batches_tracked.assign(self.num_batches_tracked + 1)
+    momentum = self.momentum if self.momentum is not None else 1 / (self.num_batches_tracked.item())
+    unbiased = var * (count / max(count - 1, 1))
+    self.running_mean.assign((1 - momentum) * self.running_mean + momentum * mean)
+    self.running_var.assign((1 - momentum) * self.running_var + momentum * unbiased)
+    # realize now: otherwise each step's running stats would hang on to the whole previous graph
+    Tensor.realize(self.running_mean, self.running_var, self.num_batches_tracked)
+
+
+class BatchNorm1d(_BatchNorm):
+  """(N, C) or (N, C, L)."""
+  ndims = (2, 3)
+
+
+class BatchNorm2d(_BatchNorm):
+  """(N, C, H, W)."""
+  ndims = (4,)
+
+
+def _normalized_shape(shape) -> tuple[int, ...]:
+  return (shape,) if isinstance(shape, int) else tuple(shape)
+
+
+class LayerNorm(Module):
+  """Normalise over the last len(normalized_shape) dims, then scale by weight and shift by bias."""
+  def __init__(self, normalized_shape, eps: float = 1e-5, elementwise_affine: bool = True, bias: bool = True):
+    self.normalized_shape, self.eps = _normalized_shape(normalized_shape), eps
+    self.weight = Tensor.ones(*self.normalized_shape, requires_grad=True) if elementwise_affine else None
+    self.bias = Tensor.zeros(*self.normalized_shape, requires_grad=True) if elementwise_affine and bias else None
+
+  def __call__(self, x: Tensor) -> Tensor:
+    n = len(self.normalized_shape)
+    if x.shape[-n:] != self.normalized_shape:
+      raise ValueError(f"LayerNorm: input {tuple(x.shape)} does not end in normalized_shape {self.normalized_shape}")
+    x = x.layernorm(tuple(range(-n, 0)), self.eps)
+    if self.weight is not None: x = x * self.weight
+    return x + self.bias if self.bias is not None else x
+
+
+class GroupNorm(Module):
+  """Split the channels (dim 1) into num_groups groups and normalise each group over its channels and positions."""
+  def __init__(self, num_groups: int, num_channels: int, eps: float = 1e-5, affine: bool = True):
+    if num_channels % num_groups: raise ValueError(f"GroupNorm: num_channels {num_channels} must divide by num_groups {num_groups}")
+    self.num_groups, self.num_channels, self.eps = num_groups, num_channels, eps
+    self.weight = Tensor.ones(num_channels, requires_grad=True) if affine else None
+    self.bias = Tensor.zeros(num_channels, requires_grad=True) if affine else None
+
+  def __call__(self, x: Tensor) -> Tensor:
+    if x.ndim < 2 or x.shape[1] != self.num_channels:
+      raise ValueError(f"GroupNorm: input {tuple(x.shape)} should have {self.num_channels} channels in dim 1")
+    x = x.reshape(x.shape[0], self.num_groups, -1).layernorm(-1, self.eps).reshape(x.shape)
+    if self.weight is None: return x
+    shape = (1, -1) + (1,) * (x.ndim - 2)
+    return x * self.weight.reshape(shape) + self.bias.reshape(shape)
+
+
+class RMSNorm(Module):
+  """x / sqrt(mean(x^2) + eps) * weight over the last dims; eps=None means the dtype's machine epsilon, as PyTorch."""
+  def __init__(self, normalized_shape, eps: float | None = None, elementwise_affine: bool = True):
+    self.normalized_shape, self.eps = _normalized_shape(normalized_shape), eps
+    self.weight = Tensor.ones(*self.normalized_shape, requires_grad=True) if elementwise_affine else None
+
+  def __call__(self, x: Tensor) -> Tensor:
+    axes = tuple(range(-len(self.normalized_shape), 0))
+    eps = self.eps if self.eps is not None else float(np.finfo(x.dtype.np).eps)
+    x = x * (x.square().mean(axes, keepdim=True) + eps).rsqrt()
+    return x * self.weight if self.weight is not None else x
+
+
+class Embedding(Module):
+  """Integer indices of any shape -> their rows of weight (num_embeddings, embedding_dim), init N(0, 1)."""
+  def __init__(self, num_embeddings: int, embedding_dim: int, padding_idx: int | None = None):
+    self.num_embeddings, self.embedding_dim, self.padding_idx = num_embeddings, embedding_dim, padding_idx
+    self.weight = Tensor.randn(num_embeddings, embedding_dim, requires_grad=True)
+    if padding_idx is not None:
+      # PyTorch zeroes the padding row at init (it also keeps its gradient at zero: see __call__)
+      self.weight.assign((Tensor.arange(num_embeddings).reshape(-1, 1) != padding_idx).where(self.weight, 0)).realize()
+
+  def __call__(self, idx: Tensor) -> Tensor:
+    if idx.dtype.is_float: raise TypeError(f"Embedding: indices must be integers, got {idx.dtype}")
+    out = self.weight[idx]
+    if self.padding_idx is None: return out
+    return (idx != self.padding_idx).unsqueeze(-1).where(out, out.detach())
+
+
+class Dropout(Module):
+  """Zero each element with probability p while Tensor.training, scaling the rest by 1/(1-p)."""
+  def __init__(self, p: float = 0.5):
+    if not 0 <= p <= 1: raise ValueError(f"Dropout: p must be in [0, 1], got {p}")
+    self.p = p
+
+  def __call__(self, x: Tensor) -> Tensor: return x.dropout(self.p)
+
+
+class LSTMCell(Module):
+  """One LSTM step: (x (N, input_size), (h, c) (N, hidden_size)) -> (h', c'). Gates in PyTorch's order i, f, g, o;
+  weight_ih (4*hidden, input), weight_hh (4*hidden, hidden), all init uniform(+-1/sqrt(hidden))."""
+  def __init__(self, input_size: int, hidden_size: int, bias: bool = True):
+    self.input_size, self.hidden_size = input_size, hidden_size
+    bound = 1 / math.sqrt(hidden_size)
+    self.weight_ih = _uniform(4 * hidden_size, input_size, bound=bound)
+    self.weight_hh = _uniform(4 * hidden_size, hidden_size, bound=bound)
+    self.bias_ih = _uniform(4 * hidden_size, bound=bound) if bias else None
+    self.bias_hh = _uniform(4 * hidden_size, bound=bound) if bias else None
+
+  def __call__(self, x: Tensor, hx: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor]:
+    unbatched = x.ndim == 1
+    if unbatched: x = x.unsqueeze(0)
+    if hx is None: hx = (Tensor.zeros(x.shape[0], self.hidden_size), Tensor.zeros(x.shape[0], self.hidden_size))
+    elif unbatched: hx = (hx[0].unsqueeze(0), hx[1].unsqueeze(0))
+    h, c = _lstm_step(x, hx[0], hx[1], self.weight_ih, self.weight_hh, self.bias_ih, self.bias_hh)
+    return (h.squeeze(0), c.squeeze(0)) if unbatched else (h, c)
+
+
+def _lstm_step(x: Tensor, h: Tensor, c: Tensor, w_ih: Tensor, w_hh: Tensor, b_ih: Tensor | None,
+               b_hh: Tensor | None) -> tuple[Tensor, Tensor]:
+  gates = x.linear(w_ih, b_ih) + h.linear(w_hh, b_hh)
+  i, f, g, o = gates.chunk(4, dim=1)
+  c = f.sigmoid() * c + i.sigmoid() * g.tanh()
+  return o.sigmoid() * c.tanh(), c
+
+
+class LSTM(Module):
+  """A stack of LSTM layers over a sequence, with PyTorch's parameter names (weight_ih_l0, ..., *_reverse).
+
+  x (L, N, input_size), or (N, L, input_size) with batch_first, or unbatched (L, input_size)
+  -> output (.., D*hidden_size) from the last layer, and (h_n, c_n) each (D*num_layers, N, hidden_size).
+  Between layers, dropout applies to the outputs while training, as in PyTorch.
+  """
+  def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1, bias: bool = True, batch_first: bool = False,
+               dropout: float = 0.0, bidirectional: bool = False):
+    self.input_size, self.hidden_size, self.num_layers, self.bias = input_size, hidden_size, num_layers, bias
+    self.batch_first, self.dropout, self.bidirectional = batch_first, dropout, bidirectional
+    bound = 1 / math.sqrt(hidden_size)
+    directions = 2 if bidirectional else 1
+    for layer in range(num_layers):
+      layer_input = input_size if layer == 0 else hidden_size * directions
+      for suffix in ("", "_reverse")[:directions]:
+        setattr(self, f"weight_ih_l{layer}{suffix}", _uniform(4 * hidden_size, layer_input, bound=bound))
+        setattr(self, f"weight_hh_l{layer}{suffix}", _uniform(4 * hidden_size, hidden_size, bound=bound))
+        if bias:
+          setattr(self, f"bias_ih_l{layer}{suffix}", _uniform(4 * hidden_size, bound=bound))
+          setattr(self, f"bias_hh_l{layer}{suffix}", _uniform(4 * hidden_size, bound=bound))
+
+  def _weights(self, name: str) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
+    return (getattr(self, f"weight_ih_{name}"), getattr(self, f"weight_hh_{name}"),
+            getattr(self, f"bias_ih_{name}", None), getattr(self, f"bias_hh_{name}", None))
+
+  def __call__(self, x: Tensor, hx: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+    unbatched = x.ndim == 2
+    if unbatched: x = x.unsqueeze(1)
+    elif self.batch_first: x = x.transpose(0, 1)
+    if x.shape[-1] != self.input_size: raise ValueError(f"LSTM: input has {x.shape[-1]} features, expected {self.input_size}")
+    directions = 2 if self.bidirectional else 1
+    if hx is None:
+      zeros = Tensor.zeros(self.num_layers * directions, x.shape[1], self.hidden_size)
+      hx = (zeros, zeros)
+    elif unbatched: hx = (hx[0].unsqueeze(1), hx[1].unsqueeze(1))
+    h_n, c_n = [], []
+    for layer in range(self.num_layers):
+      outputs = []
+      for d, suffix in enumerate(("", "_reverse")[:directions]):
+        h, c = hx[0][layer * directions + d], hx[1][layer * directions + d]
+        steps = range(x.shape[0]) if d == 0 else reversed(range(x.shape[0]))
+        out: list[Tensor] = []
+        for t in steps:
+          h, c = _lstm_step(x[t], h, c, *self._weights(f"l{layer}{suffix}"))
+          out.append(h)
+        outputs.append(Tensor.stack(*(out if d == 0 else out[::-1])))
+        h_n.append(h)
+        c_n.append(c)
+      x = outputs[0] if directions == 1 else outputs[0].cat(outputs[1], dim=-1)
+      if self.dropout and layer < self.num_layers - 1: x = x.dropout(self.dropout)
+    h_n_t, c_n_t = Tensor.stack(*h_n), Tensor.stack(*c_n)
+    if unbatched: return x.squeeze(1), (h_n_t.squeeze(1), c_n_t.squeeze(1))
+    return (x.transpose(0, 1) if self.batch_first else x), (h_n_t, c_n_t)
+
+
+class MultiheadAttention(Module):
+  """PyTorch's nn.MultiheadAttention (same-size query, key, value): in_proj_weight (3E, E) and in_proj_bias (3E)
+  project q, k, v; out_proj is a Linear(E, E). Inputs (L, N, E), or (N, L, E) with batch_first.
+
+  Returns (output, attention weights (N, L, S), averaged over heads unless average_attn_weights=False,
+  or None when need_weights=False). attn_mask: bool (True = not allowed, as PyTorch) or float (added);
+  key_padding_mask (N, S): True marks padding keys.
+  """
+  def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0, bias: bool = True, batch_first: bool = False):
+    if embed_dim % num_heads: raise ValueError(f"MultiheadAttention: embed_dim {embed_dim} must divide by num_heads {num_heads}")
+    self.embed_dim, self.num_heads, self.dropout, self.batch_first = embed_dim, num_heads, dropout, batch_first
+    self.in_proj_weight = Tensor.glorot_uniform(3 * embed_dim, embed_dim, requires_grad=True)
+    self.in_proj_bias = Tensor.zeros(3 * embed_dim, requires_grad=True) if bias else None
+    self.out_proj = Linear(embed_dim, embed_dim, bias=bias)
+    if bias: self.out_proj.bias = Tensor.zeros(embed_dim, requires_grad=True)
+
+  def __call__(self, query: Tensor, key: Tensor, value: Tensor, key_padding_mask: Tensor | None = None,
+               need_weights: bool = True, attn_mask: Tensor | None = None, average_attn_weights: bool = True,
+               is_causal: bool = False) -> tuple[Tensor, Tensor | None]:
+    unbatched = query.ndim == 2
+    if unbatched: query, key, value = query.unsqueeze(1), key.unsqueeze(1), value.unsqueeze(1)
+    elif self.batch_first: query, key, value = query.transpose(0, 1), key.transpose(0, 1), value.transpose(0, 1)
+    (L, N, E), S, H = query.shape, key.shape[0], self.num_heads
+    wq, wk, wv = self.in_proj_weight.chunk(3)
+    bq, bk, bv = self.in_proj_bias.chunk(3) if self.in_proj_bias is not None else (None, None, None)
+
+    def heads(x: Tensor, w: Tensor, b: Tensor | None, length: int) -> Tensor:  # (len, N, E) -> (N, H, len, E/H)
+      return x.linear(w, b).reshape(length, N, H, E // H).permute(1, 2, 0, 3)
+    q, k, v = heads(query, wq, bq, L), heads(key, wk, bk, S), heads(value, wv, bv, S)
+    scores = (q @ k.transpose(-1, -2)) * (1 / math.sqrt(E // H))
+    if is_causal and attn_mask is None: attn_mask = Tensor.ones(L, S, dtype=dtypes.bool, device=query.device).triu(1)
+    if attn_mask is not None:
+      mask = attn_mask.reshape(N, H, L, S) if attn_mask.ndim == 3 else attn_mask
+      scores = mask.where(-math.inf, scores) if mask.dtype == dtypes.bool else scores + mask
+    if key_padding_mask is not None:
+      padding = key_padding_mask.reshape(N, 1, 1, S)
+      scores = padding.where(-math.inf, scores) if padding.dtype == dtypes.bool else scores + padding
+    weights = scores.softmax(-1)
+    attended = weights.dropout(self.dropout) @ v                                 # (N, H, L, E/H)
+    out = self.out_proj(attended.permute(2, 0, 1, 3).reshape(L, N, E))
+    if unbatched: out = out.squeeze(1)
+    elif self.batch_first: out = out.transpose(0, 1)
+    if not need_weights: return out, None
+    weights = weights.mean(1) if average_attn_weights else weights
+    return out, (weights.squeeze(0) if unbatched else weights)
+
+
+class Sequential(Module, list):
+  """Layers (or any callables) applied in order. A list, so its parameters are named `0.weight`, `1.bias`, ..."""
+  def __init__(self, *layers):
+    list.__init__(self, layers)
+
+  def __call__(self, x: Tensor) -> Tensor:
+    for layer in self: x = layer(x)
+    return x
