@@ -27,8 +27,8 @@ from typing import Callable
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 LIBRARIES = ("tinychad", "torch", "numpy", "tinygrad")
-# tinychad has no threads yet: it will read THREADS, and gets a 2t column once it does
-THREAD_COUNTS = {"tinychad": (1,), "torch": (1, 2), "numpy": (1, 2), "tinygrad": (1, 2)}
+# tinychad reads THREADS (set per worker below)
+THREAD_COUNTS = {"tinychad": (1, 2), "torch": (1, 2), "numpy": (1, 2), "tinygrad": (1, 2)}
 WORKER_TIMEOUT_S = 600
 MIN_SAMPLE_S = 0.05
 # tinygrad's CPU backend calls `clang` (CC overrides it); Debian's clang-14 package installs only the
@@ -235,7 +235,7 @@ def format_table(rows: list[Row]) -> str:
   columns = [(library, threads) for library in LIBRARIES for threads in THREAD_COUNTS[library]]
   header = ["workload", "unit"] + [f"{library} {threads}t" for library, threads in columns]
   header[3:3] = ["tinychad 1st call (ms)"]
-  header += ["tinychad time / torch 1t", "tinychad time / numpy 1t"]
+  header += ["tinychad time / torch (1t, 2t)", "tinychad time / numpy (1t, 2t)", "tinychad time / tinygrad 1t"]
   footnotes: list[str] = []
 
   def cell(row: Row, key: tuple[str, int]) -> str:
@@ -245,7 +245,7 @@ def format_table(rows: list[Row]) -> str:
     return f"n/a [{footnotes.index(result.error) + 1}]"
 
   def ratio(row: Row, other: tuple[str, int]) -> str:
-    mine, theirs = row.results.get(("tinychad", 1)), row.results.get(other)
+    mine, theirs = row.results.get(("tinychad", other[1])), row.results.get(other)
     if mine is None or theirs is None or mine.median_s is None or theirs.median_s is None: return "-"
     return f"{mine.median_s / theirs.median_s:.2f}x"
 
@@ -254,7 +254,7 @@ def format_table(rows: list[Row]) -> str:
     cells = [row.case_name, row.unit] + [cell(row, key) for key in columns]
     first = row.results.get(("tinychad", 1))
     cells[3:3] = [format_number(first.first_s * 1e3) if first is not None and first.first_s is not None else "-"]
-    cells += [ratio(row, ("torch", 1)), ratio(row, ("numpy", 1))]
+    cells += [f"{ratio(row, (lib, 1))}, {ratio(row, (lib, 2))}" for lib in ("torch", "numpy")] + [ratio(row, ("tinygrad", 1))]
     lines.append("| " + " | ".join(cells) + " |")
   lines.append("")
   lines += [f"[{i + 1}] {reason}" for i, reason in enumerate(footnotes)]
@@ -271,7 +271,7 @@ def main(module_names: list[str], argv: list[str] | None = None) -> None:
   rows = [row for name in module_names for row in collect(name, args.quick)]
   print(format_table(rows))
   print("\nGFLOP/s, GB/s, tok/s: higher is better; ms: lower is better. Ratios > 1x: tinychad is slower.")
-  print("tinychad: 1 thread only (it has no threads yet). Numbers are medians after warm-up"
+  print("Ratios compare tinychad with the same thread count. Numbers are medians after warm-up"
         + (" (--quick: small sizes, 3 runs)." if args.quick else "."))
 
 

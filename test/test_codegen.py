@@ -62,16 +62,18 @@ def _items(lb):
   return [it for it in create_schedule([lb]) if it.is_kernel]
 
 
-def test_kernel_names_and_flat_loops():
+def test_kernel_names_and_flat_loops(monkeypatch):
+  monkeypatch.setenv("NOOPT", "1")    # plain loops: no SIMD lanes
   x = LazyBuffer.from_numpy(np.zeros((64, 64), np.float32), "NUMPY")
   (item,) = _items(x.e(BinaryOps.ADD, x))
   prog = linearize(item.ast, item.name)
   assert item.name == "E_64_64" and prog.name == "E_64_64"
-  # contiguous 2-d elementwise merges into one loop of 4096
-  assert [u.arg for u in prog.uops if u.op is UOps.RANGE] == [("gidx0", 4096)]
+  # contiguous 2-d elementwise merges into one loop of 4096, which threads may split
+  assert [u.arg for u in prog.uops if u.op is UOps.RANGE] == [("gidx0", 4096, True)]
+  assert prog.parallel == 4096
   (item,) = _items(x.r(ReduceOps.SUM, (1,)))
   assert item.name == "r_64_64"
-  assert [u.arg for u in linearize(item.ast, item.name).uops if u.op is UOps.RANGE] == [("gidx0", 64), ("ridx0", 64)]
+  assert [u.arg for u in linearize(item.ast, item.name).uops if u.op is UOps.RANGE] == [("gidx0", 64, True), ("ridx0", 64, False)]
 
 
 def test_ir_pretty_and_sources():
@@ -83,7 +85,7 @@ def test_ir_pretty_and_sources():
   assert len(text.splitlines()) == len(prog.uops) + 1
   for word in ("DEFINE_GLOBAL", "RANGE", "DEFINE_ACC", "LOAD", "ASSIGN", "STORE", "ENDRANGE"): assert word in text
   c = render_c(prog)
-  assert f"void {item.name}(float* restrict data0, const float* restrict data1)" in c
+  assert f"void {item.name}(float* restrict data0, const float* restrict data1, long long start, long long end)" in c
   assert "? data1[" in c and "-INFINITY" in c
   assert f'define void @"{item.name}"' in render_llvm(prog)
 

@@ -6,7 +6,12 @@ out: a Program: a flat, typed list of UOps (loops, index arithmetic, guarded loa
      accumulators, stores) in execution order. Every renderer reads this one list, so the C and the
      LLVM backends cannot disagree about what a kernel computes.
 Before lowering, size-1 axes are dropped and neighbouring axes that every view walks contiguously
-are merged, so an elementwise kernel over a contiguous tensor becomes one flat loop.
+are merged, so an elementwise kernel over a contiguous tensor becomes one flat loop. Then opt.py
+picks lanes: dims that are unrolled (a register tile, several accumulators) and the dim whose lanes
+form SIMD values (`vec` > 1). Each value is lowered once per unrolled lane; a leaf whose lanes read
+one element stays scalar (broadcast by its users), consecutive elements become one vector load, and
+anything else loads each lane and gathers them (VECTORIZE), so every view pattern stays correct.
+The first non-reduce loop is `parallel`: the function takes its [start, end) as two more int64 args.
 """
 from __future__ import annotations
 from dataclasses import dataclass, field
@@ -16,18 +21,21 @@ from tinychad.dtype import DType, dtypes
 from tinychad.ops import UnaryOps, BinaryOps, TernaryOps, ReduceOps, BufferOps, KernelNode
 from tinychad.view import ShapeTracker, View
 from tinychad.codegen.symbolic import Node, Num, Var, Sum, Mul, Div, Mod, Lt, Ge, And, to_node, fits_int32
+from tinychad.codegen.opt import LeafAccess, choose_opts
 
 
 class UOps(Enum):
   DEFINE_GLOBAL = auto()  # a kernel argument: arg = (buffer number, writable)
   CONST = auto()          # a literal: arg = value
-  RANGE = auto()          # open a loop: arg = (variable name, extent)
+  RANGE = auto()          # open a loop: arg = (variable name, extent, parallel); a parallel loop runs [start, end)
   ENDRANGE = auto()       # close the loop in srcs[0]
   LOAD = auto()           # srcs = (buffer, index) or (buffer, index, gate); a false gate reads 0
   ALU = auto()            # arg = the op (UnaryOps/BinaryOps/TernaryOps); CAST/BITCAST convert to dtype
   DEFINE_ACC = auto()     # a reduce accumulator: arg = its initial value
   ASSIGN = auto()         # srcs = (accumulator, value): the accumulator takes the value
   STORE = auto()          # srcs = (buffer, index, value)
+  VECTORIZE = auto()      # srcs = one scalar per lane: the vector of them
+  GEP = auto()            # srcs = (vector,), arg = lane: that lane as a scalar
 
 
 @dataclass(eq=False)
@@ -36,6 +44,7 @@ class UOp:
   dtype: DType | None
   srcs: tuple[UOp, ...] = ()
   arg: Any = None
+  vec: int = 1                                   # lanes: > 1 is a SIMD value (loads/stores then touch vec consecutive elements)
   num: int = field(default=-1, compare=False)   # position in the program, set when emitted
 
 
@@ -44,6 +53,8 @@ class Program:
   name: str
   uops: list[UOp]
   globals: list[UOp]      # DEFINE_GLOBALs in argument order: output first, then inputs by number
+  parallel: int = 0       # extent of the loop threads may split (its [start, end) are the last two arguments); 0: none
+  contract: bool = False  # a float sum reordered into partial sums anyway: fused multiply-add is welcome
 
   def pretty(self) -> str:
     """One instruction per line: number, op, dtype, sources, argument."""
@@ -51,7 +62,7 @@ class Program:
     depth = 0
     for u in self.uops:
       if u.op is UOps.ENDRANGE: depth -= 1
-      dtype = u.dtype.name if u.dtype is not None else ""
+      dtype = (u.dtype.name + (f"x{u.vec}" if u.vec > 1 else "")) if u.dtype is not None else ""
       srcs = ",".join(str(s.num) for s in u.srcs)
       arg = u.arg.name if isinstance(u.arg, Enum) else ("" if u.arg is None else u.arg)
       lines.append(f"{u.num:4d} {'  ' * depth}{u.op.name:<13s} {dtype:<8s} ({srcs}) {arg}".rstrip())
@@ -121,6 +132,9 @@ def simplify_dims(full_shape: tuple[int, ...], reduce_axes: tuple[int, ...],
 
 # ---- lowering ----
 
+Lane = tuple[int, ...]     # the unrolled offset along every dim (0 on dims that aren't upcast)
+
+
 class _Lowerer:
   def __init__(self, ast: KernelNode, name: str):
     self.ast, self.name = ast, name
@@ -130,12 +144,12 @@ class _Lowerer:
     self.reduce = next((n for n in ast.walk() if isinstance(n.op, ReduceOps)), None)
 
   # -- emission with common-subexpression elimination --
-  def emit(self, op: UOps, dtype: DType | None, srcs: tuple[UOp, ...] = (), arg: Any = None, cse: bool = True) -> UOp:
-    key = (op, dtype, tuple(id(s) for s in srcs), arg if not isinstance(arg, float) else (arg, repr(arg)))
+  def emit(self, op: UOps, dtype: DType | None, srcs: tuple[UOp, ...] = (), arg: Any = None, cse: bool = True, vec: int = 1) -> UOp:
+    key = (op, dtype, vec, tuple(id(s) for s in srcs), arg if not isinstance(arg, float) else (arg, repr(arg)))
     if cse:
       for scope in reversed(self.scopes):
         if key in scope: return scope[key]
-    uop = UOp(op, dtype, srcs, arg, len(self.uops))
+    uop = UOp(op, dtype, srcs, arg, vec, len(self.uops))
     self.uops.append(uop)
     if cse: self.scopes[-1][key] = uop
     return uop
@@ -143,8 +157,8 @@ class _Lowerer:
   def const(self, value: Any, dtype: DType) -> UOp:
     return self.emit(UOps.CONST, dtype, (), dtype.np(value).item())
 
-  def open_loop(self, var: Var, extent: int) -> UOp:
-    loop = self.emit(UOps.RANGE, self.idx_dtype, (), (var.name, extent), cse=False)
+  def open_loop(self, var: Var, extent: int, parallel: bool = False) -> UOp:
+    loop = self.emit(UOps.RANGE, self.idx_dtype, (), (var.name, extent, parallel), cse=False)
     self.vars[var.name] = loop
     self.scopes.append({})
     return loop
@@ -171,34 +185,88 @@ class _Lowerer:
       return acc
     raise TypeError(f"can't lower index node {node!r}")
 
+  # -- symbolic index of a leaf at one lane --
+  def leaf_expr(self, node: KernelNode, lane: Lane) -> tuple[Node, Node | None]:
+    key = (id(node), lane)
+    if key not in self.expr_cache:
+      st, view = node.arg[1], self.views[id(node)]
+      if _all_invalid(st): self.expr_cache[key] = (Num(0), Num(0))
+      else:
+        below = id(node) in self.below
+        idxs = [Num(0) if r and not below else self.dim_index(d, lane[d]) for d, (_, r) in enumerate(self.dims)]
+        index, valid = ShapeTracker(st.views[:-1] + (view,)).expr_idxs(idxs)
+        self.expr_cache[key] = (to_node(index), None if valid is None else to_node(valid))
+    return self.expr_cache[key]
+
+  def strides(self, node: KernelNode) -> tuple[int | None, ...]:
+    """Per dim, how far node's index moves when that dim steps by one (None: not a constant step or the
+    validity changes). One view gives it directly; stacked views are asked symbolically."""
+    st, view = node.arg[1], self.views[id(node)]
+    if len(st.views) == 1: return view.strides
+    below, out = id(node) in self.below, []
+    for d, (size, is_reduce) in enumerate(self.dims):
+      if (is_reduce and not below) or size < 2: out.append(0); continue
+      pair = []
+      for shift in (0, 1):
+        idxs = [Num(0) if r and not below else Var(f"d{i}", 0, s - 1 - (i == d)) + (shift if i == d else 0)
+                for i, (s, r) in enumerate(self.dims)]
+        index, valid = ShapeTracker(st.views[:-1] + (view,)).expr_idxs(idxs)
+        pair.append((to_node(index), None if valid is None else to_node(valid)))
+      step = pair[1][0] - pair[0][0]
+      same_valid = _key(pair[0][1]) == _key(pair[1][1])
+      out.append(step.value if isinstance(step, Num) and same_valid else None)
+    return tuple(out)
+
+  def dim_index(self, d: int, offset: int) -> Node:
+    amount = self.opts.upcast.get(d, 1)
+    if amount == self.dims[d][0]: return Num(offset)          # fully unrolled: no loop
+    return self.loop_vars[d] * amount + offset if amount > 1 else self.loop_vars[d]
+
+  def vector_lanes(self, lane: Lane) -> list[Lane]:
+    """The lanes one SIMD value at `lane` covers (just `lane` without a vector axis)."""
+    if self.opts.vector is None: return [lane]
+    d, width = self.opts.vector
+    return [lane[:d] + (lane[d] + i,) + lane[d + 1:] for i in range(width)]
+
+  def lanes(self, reduce: bool) -> list[Lane]:
+    """Every unrolled lane over the upcast dims of one kind (reduce or not); vector lanes step by the width."""
+    out = [tuple(0 for _ in self.dims)]
+    for d, amount in self.opts.upcast.items():
+      if self.dims[d][1] != reduce: continue
+      step = self.opts.vector[1] if self.opts.vector is not None and self.opts.vector[0] == d else 1
+      out = [ln[:d] + (off,) + ln[d + 1:] for ln in out for off in range(0, amount, step)]
+    return out
+
   # -- the kernel --
   def lower(self) -> Program:
     store = self.ast
     out_shape = store.arg[1].shape
     full_shape = self.reduce.arg[1] if self.reduce is not None else out_shape
     reduce_axes = tuple(self.reduce.arg[0]) if self.reduce is not None else ()
-    below = {id(n) for n in self.reduce.walk()} if self.reduce is not None else set()
+    self.below = {id(n) for n in self.reduce.walk()} if self.reduce is not None else set()
     leaves = [n for n in store.walk() if n.op in (BufferOps.LOAD, BufferOps.CONST)] + [store]
-    dims, views = simplify_dims(full_shape, reduce_axes, [_top(n.arg[1]) for n in leaves])
+    self.dims, views = simplify_dims(full_shape, reduce_axes, [_top(n.arg[1]) for n in leaves])
+    self.views = {id(n): v for n, v in zip(leaves, views)}
+    nodes = store.walk()
+    access = [LeafAccess(self.strides(n), n.op is BufferOps.LOAD, n is store, id(n) in self.below) for n in leaves]
+    self.opts = choose_opts(self.dims, access, {n.dtype for n in nodes} | {n.arg for n in nodes if n.op is UnaryOps.CAST},
+                            {n.op for n in nodes})
     names, counts = [], {True: 0, False: 0}
-    for size, is_reduce in dims:
+    for size, is_reduce in self.dims:
       names.append(f"{'r' if is_reduce else 'g'}idx{counts[is_reduce]}")
       counts[is_reduce] += 1
-    loop_vars = [Var(n, 0, max(size - 1, 0)) for n, (size, _) in zip(names, dims)]
-    full_idxs = list(loop_vars)
-    out_idxs = [Num(0) if r else v for v, (_, r) in zip(loop_vars, dims)]
+    self.loop_vars = [Var(n, 0, max(size // self.opts.upcast.get(d, 1) - 1, 0)) for d, (n, (size, _)) in enumerate(zip(names, self.dims))]
 
-    # symbolic (index, valid) for every leaf, before choosing the index width
-    self.exprs: dict[int, tuple[Node, Node | None]] = {}
-    for node, view in zip(leaves, views):
-      st = node.arg[1]
-      if _all_invalid(st): self.exprs[id(node)] = (Num(0), Num(0)); continue
-      idxs = full_idxs if id(node) in below else out_idxs
-      index, valid = ShapeTracker(st.views[:-1] + (view,)).expr_idxs(idxs)
-      valid = None if valid is None else to_node(valid)
-      self.exprs[id(node)] = (to_node(index), valid)
-    nodes = [e for pair in self.exprs.values() for e in pair if e is not None] + loop_vars
-    self.idx_dtype = dtypes.int32 if fits_int32(nodes) and all(s < 2**31 for s, _ in dims) else dtypes.int64
+    # the index width: every index at lane 0 with the loops at full range (the lanes stay inside it)
+    self.expr_cache: dict = {}
+    full = [Var(v.name, 0, max(s - 1, 0)) for v, (s, _) in zip(self.loop_vars, self.dims)]
+    exprs = []
+    for n in leaves:
+      if _all_invalid(n.arg[1]): continue
+      idxs = [Num(0) if r and id(n) not in self.below else v for v, (_, r) in zip(full, self.dims)]
+      index, valid = ShapeTracker(n.arg[1].views[:-1] + (self.views[id(n)],)).expr_idxs(idxs)
+      exprs += [to_node(index)] + ([] if valid is None else [to_node(valid)])
+    self.idx_dtype = dtypes.int32 if fits_int32(exprs + full) and all(s < 2**31 for s, _ in self.dims) else dtypes.int64
 
     self.vars: dict[str, UOp] = {}
     bufs = {0: store.dtype}
@@ -206,48 +274,114 @@ class _Lowerer:
       if n.op is BufferOps.LOAD: bufs[n.arg[0]] = n.dtype
     self.globals = [self.emit(UOps.DEFINE_GLOBAL, bufs[i], (), (i, i == 0), cse=False) for i in sorted(bufs)]
 
-    outer = [self.open_loop(v, s) for v, (s, r) in zip(loop_vars, dims) if not r]
-    self.acc = None
-    if self.reduce is not None: self.lower_reduce([(v, s) for v, (s, r) in zip(loop_vars, dims) if r])
-    value = self.value(store.srcs[0])
-    index, _ = self.exprs[id(store)]
-    self.emit(UOps.STORE, None, (self.globals[0], self.index(index), value), cse=False)
+    # loops: the non-reduce ones in the chosen order (the first is split across threads), then the reduce
+    outer, parallel = [], 0
+    for d in self.opts.order:
+      extent = self.dims[d][0] // self.opts.upcast.get(d, 1)
+      if extent == 1: continue
+      outer.append(self.open_loop(self.loop_vars[d], extent, parallel=not outer))
+      if len(outer) == 1: parallel = extent
+    self.acc: dict[Lane, UOp] = {}
+    if self.reduce is not None: self.lower_reduce()
+    for lane in self.lanes(reduce=False): self.store(store, lane)
     for loop in reversed(outer): self.close_loop(loop)
-    return Program(self.name, self.uops, self.globals)
+    contract = self.reduce is not None and self.reduce.op is ReduceOps.SUM and self.reduce.dtype.is_float and bool(self.opts.upcast)
+    return Program(self.name, self.uops, self.globals, parallel, contract)
 
-  def lower_reduce(self, loops: list[tuple[Var, int]]) -> None:
+  def store(self, store: KernelNode, lane: Lane) -> None:
+    value = self.value(store.srcs[0], lane)
+    exprs = [self.leaf_expr(store, ln) for ln in self.vector_lanes(lane)]
+    if value.vec > 1 and _consecutive(exprs):
+      self.emit(UOps.STORE, None, (self.globals[0], self.index(exprs[0][0]), value), cse=False)
+      return
+    # vector lanes along a reduce axis all land on one output element (and the value is a scalar)
+    if all(_key(e[0]) == _key(exprs[0][0]) for e in exprs): exprs = exprs[:1]
+    for i, (index, _) in enumerate(exprs):
+      part = value if value.vec == 1 else self.emit(UOps.GEP, value.dtype, (value,), i)
+      self.emit(UOps.STORE, None, (self.globals[0], self.index(index), part), cse=False)
+
+  def lower_reduce(self) -> None:
     op, dtype = self.reduce.op, self.reduce.dtype
     acc_dtype = _ACC_DTYPE.get(dtype, dtype) if op is ReduceOps.SUM else dtype
-    acc = self.emit(UOps.DEFINE_ACC, acc_dtype, (), reduce_identity(op, acc_dtype), cse=False)
-    opened = [self.open_loop(v, s) for v, s in loops]
-    x = self.value(self.reduce.srcs[0])
-    if acc_dtype != dtype: x = self.emit(UOps.ALU, acc_dtype, (x,), UnaryOps.CAST)
     alu = BinaryOps.ADD if op is ReduceOps.SUM else BinaryOps.MAX
-    self.emit(UOps.ASSIGN, acc_dtype, (acc, self.emit(UOps.ALU, acc_dtype, (acc, x), alu, cse=False)), cse=False)
+    vec = self.opts.vector[1] if self.opts.vector is not None else 1
+    outer_lanes, inner_lanes = self.lanes(reduce=False), self.lanes(reduce=True)
+    # one accumulator per (output lane, reduce lane): independent chains the CPU can overlap
+    accs = {(o, r): self.emit(UOps.DEFINE_ACC, acc_dtype, (), reduce_identity(op, acc_dtype), cse=False, vec=vec)
+            for o in outer_lanes for r in inner_lanes}
+    opened = [self.open_loop(self.loop_vars[d], s // self.opts.upcast.get(d, 1))
+              for d, (s, r) in enumerate(self.dims) if r and s // self.opts.upcast.get(d, 1) != 1]
+    for o in outer_lanes:
+      for r in inner_lanes:
+        lane = tuple(a + b for a, b in zip(o, r))
+        x = self.value(self.reduce.srcs[0], lane)
+        if acc_dtype != dtype: x = self.emit(UOps.ALU, acc_dtype, (x,), UnaryOps.CAST, vec=x.vec)
+        acc = accs[(o, r)]
+        self.emit(UOps.ASSIGN, acc_dtype, (acc, self.emit(UOps.ALU, acc_dtype, (acc, x), alu, cse=False, vec=vec)), cse=False, vec=vec)
     for loop in reversed(opened): self.close_loop(loop)
-    self.acc = acc if acc_dtype == dtype else self.emit(UOps.ALU, dtype, (acc,), UnaryOps.CAST, cse=False)
+    vector_is_reduce = self.opts.vector is not None and self.dims[self.opts.vector[0]][1]
+    for o in outer_lanes:
+      total = accs[(o, inner_lanes[0])]
+      for r in inner_lanes[1:]: total = self.emit(UOps.ALU, acc_dtype, (total, accs[(o, r)]), alu, cse=False, vec=vec)
+      if vector_is_reduce:
+        # the lanes of a reduce-axis vector are partial results of one output: fold them
+        parts = [self.emit(UOps.GEP, acc_dtype, (total,), i) for i in range(vec)]
+        while len(parts) > 1:
+          parts = [self.emit(UOps.ALU, acc_dtype, (parts[i], parts[i + 1]), alu, cse=False) for i in range(0, len(parts), 2)]
+        total = parts[0]
+      self.acc[o] = total if acc_dtype == dtype else self.emit(UOps.ALU, dtype, (total,), UnaryOps.CAST, cse=False, vec=total.vec)
 
-  def value(self, node: KernelNode) -> UOp:
-    """The UOp holding `node`'s value at the current loop position."""
-    if isinstance(node.op, ReduceOps): return self.acc
-    if node.op is BufferOps.LOAD or node.op is BufferOps.CONST:
-      index, valid = self.exprs[id(node)]
-      if isinstance(valid, Num) and valid.value == 0: return self.const(0, node.dtype)
-      gate = None if valid is None or isinstance(valid, Num) else self.index(valid)
-      if node.op is BufferOps.CONST:
-        value = self.const(node.arg[0], node.dtype)
-        if gate is None: return value
-        return self.emit(UOps.ALU, node.dtype, (gate, value, self.const(0, node.dtype)), TernaryOps.WHERE)
-      srcs = (self.globals[node.arg[0]], self.index(index)) + ((gate,) if gate is not None else ())
-      return self.emit(UOps.LOAD, node.dtype, srcs)
-    srcs = tuple(self.value(s) for s in node.srcs)
-    if node.op in (UnaryOps.CAST, UnaryOps.BITCAST): return self.emit(UOps.ALU, node.arg, srcs, node.op)
+  def leaf(self, node: KernelNode, lane: Lane) -> UOp:
+    """A LOAD or CONST at `lane`: one scalar when every vector lane reads the same element, one vector
+    load when they read consecutive elements under one gate, else a scalar per lane gathered."""
+    lanes = self.vector_lanes(lane)
+    exprs = [self.leaf_expr(node, ln) for ln in lanes]
+    if node.op is BufferOps.CONST:
+      if all(_key(e[1]) == _key(exprs[0][1]) for e in exprs): return self.scalar_leaf(node, exprs[0])
+    elif all(_key(e[0]) == _key(exprs[0][0]) and _key(e[1]) == _key(exprs[0][1]) for e in exprs):
+      return self.scalar_leaf(node, exprs[0])
+    elif _consecutive(exprs):
+      return self.scalar_leaf(node, exprs[0], vec=len(lanes))
+    parts = tuple(self.scalar_leaf(node, e) for e in exprs)
+    return self.emit(UOps.VECTORIZE, node.dtype, parts, vec=len(parts))
+
+  def scalar_leaf(self, node: KernelNode, expr: tuple[Node, Node | None], vec: int = 1) -> UOp:
+    index, valid = expr
+    if isinstance(valid, Num) and valid.value == 0: return self.const(0, node.dtype)
+    gate = None if valid is None or isinstance(valid, Num) else self.index(valid)
+    if node.op is BufferOps.CONST:
+      value = self.const(node.arg[0], node.dtype)
+      if gate is None: return value
+      return self.emit(UOps.ALU, node.dtype, (gate, value, self.const(0, node.dtype)), TernaryOps.WHERE)
+    srcs = (self.globals[node.arg[0]], self.index(index)) + ((gate,) if gate is not None else ())
+    return self.emit(UOps.LOAD, node.dtype, srcs, vec=vec)
+
+  def value(self, node: KernelNode, lane: Lane) -> UOp:
+    """The UOp holding `node`'s value at the current loop position and `lane`."""
+    if isinstance(node.op, ReduceOps): return self.acc[tuple(0 if r else x for x, (_, r) in zip(lane, self.dims))]
+    if node.op is BufferOps.LOAD or node.op is BufferOps.CONST: return self.leaf(node, lane)
+    srcs = tuple(self.value(s, lane) for s in node.srcs)
+    vec = max(s.vec for s in srcs)
+    if node.op in (UnaryOps.CAST, UnaryOps.BITCAST): return self.emit(UOps.ALU, node.arg, srcs, node.op, vec=vec)
     if node.op in _FLOAT_ONLY and not node.dtype.is_float:
       # transcendental ops on integers compute in float64 and convert back, as numpy does
-      x = self.emit(UOps.ALU, dtypes.float64, srcs, UnaryOps.CAST)
-      y = self.emit(UOps.ALU, dtypes.float64, (x,), node.op)
-      return self.emit(UOps.ALU, node.dtype, (y,), UnaryOps.CAST)
-    return self.emit(UOps.ALU, node.dtype, srcs, node.op)
+      x = self.emit(UOps.ALU, dtypes.float64, srcs, UnaryOps.CAST, vec=vec)
+      y = self.emit(UOps.ALU, dtypes.float64, (x,), node.op, vec=vec)
+      return self.emit(UOps.ALU, node.dtype, (y,), UnaryOps.CAST, vec=vec)
+    return self.emit(UOps.ALU, node.dtype, srcs, node.op, vec=vec)
+
+
+def _key(node: Node | None): return None if node is None else node.key
+
+
+def _consecutive(exprs: list[tuple[Node, Node | None]]) -> bool:
+  """The lanes read elements index0, index0+1, ... under one validity condition."""
+  first_index, first_valid = exprs[0]
+  for i, (index, valid) in enumerate(exprs):
+    if _key(valid) != _key(first_valid): return False
+    step = index - first_index
+    if not (isinstance(step, Num) and step.value == i): return False
+  return True
 
 
 _FLOAT_ONLY = {UnaryOps.EXP2, UnaryOps.LOG2, UnaryOps.SIN, UnaryOps.SQRT}

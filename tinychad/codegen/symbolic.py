@@ -228,6 +228,18 @@ def _divisible_split(a: Node, b: int) -> tuple[list[Node], Node]:
   return quotient, make_sum(rest) if rest else Num(0)
 
 
+def _remainder_split(a: Node, b: int) -> tuple[list[Node], Node]:
+  """a as q*b + r with every coefficient c cut into (c // b)*b + c % b: the quotient terms q and the
+  rest r. An unrolled lane makes indices like (x*29 + k) % 28 whose rest x + k stays below 28."""
+  terms = a.terms if isinstance(a, Sum) else (a,)
+  quotient, rest = [], []
+  for t in terms:
+    base, c = (Num(1), t.value) if isinstance(t, Num) else _split(t)
+    if c // b: quotient.append(make_mul(base, c // b))
+    if c % b: rest.append(make_mul(base, c % b))
+  return quotient or [Num(0)], make_sum(rest) if rest else Num(0)
+
+
 def make_div(a: Node, b: int) -> Node:
   if b <= 0: raise ValueError(f"symbolic division by {b}")
   if b == 1: return a
@@ -238,6 +250,8 @@ def make_div(a: Node, b: int) -> Node:
   if quotient and rest.lo >= 0:
     # (q*b + r) // b == q + r // b; only rewritten when r >= 0 so C's `/` still agrees
     return make_sum(quotient + [make_div(rest, b)])
+  quotient, rest = _remainder_split(a, b)
+  if 0 <= rest.lo and rest.hi < b: return make_sum(quotient)   # (q*b + r) // b == q for 0 <= r < b
   return Div(a, b)
 
 
@@ -251,6 +265,8 @@ def make_mod(a: Node, b: int) -> Node:
   if rest.key != a.key and rest.lo >= 0:
     # (q*b + r) % b == r % b; again only for r >= 0 to match C's `%`
     return make_mod(rest, b)
+  _, rest = _remainder_split(a, b)
+  if 0 <= rest.lo and rest.hi < b: return rest                 # (q*b + r) % b == r for 0 <= r < b
   return Mod(a, b)
 
 

@@ -232,6 +232,10 @@ def run_schedule(items: list[ScheduleItem]) -> None:
   from tinychad.device import Buffer, Device
   start = time.perf_counter()
   kernels, debug = 0, DEBUG()
+  # a device that can build kernels ahead (several compiler processes at once) gets the whole list first
+  for device in {item.output.device for item in items if item.is_kernel}:
+    prepare = getattr(Device[device], "prepare", None)
+    if prepare is not None: prepare([item for item in items if item.is_kernel and item.output.device == device and item.output.size > 0])
   for item in items:
     out = item.output
     buf = Buffer(out.device, out.size, out.dtype).allocate()

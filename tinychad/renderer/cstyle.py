@@ -1,10 +1,15 @@
 """Linear IR to C source.
 
 in: a Program (codegen/linearize.py)
-out: C99 source of one function `void <name>(T0* restrict data0, const T1* restrict data1, ...)`.
+out: C99 source of one function `void <name>(T0* restrict data0, const T1* restrict data1, ...,
+     long long start, long long end)`; [start, end) is the range of the program's parallel loop.
 Every IR value becomes one typed local variable, so each float16 op rounds to half once, as numpy
 does, and the C mirrors the IR line by line. Integer division and remainder are guarded so a zero
 divisor gives 0 (numpy's answer) instead of a crash.
+SIMD values (vec > 1) use GCC vector extensions: `+ - *` (and float `/`, `-x`) are native vector
+operators, with scalars broadcast by the language; every other op is the scalar expression applied
+lane by lane in a fixed-count loop, which gcc vectorizes where the target allows. Vector loads and
+stores go through a typedef aligned to the element, since a lane group may start anywhere.
 """
 from __future__ import annotations
 import math
@@ -48,6 +53,7 @@ class CRenderer:
   def __init__(self, program: Program):
     self.program = program
     self.names: dict[int, str] = {}
+    self.typedefs: dict[str, str] = {}
 
   def ref(self, u: UOp) -> str:
     if u.op is UOps.CONST:
@@ -56,9 +62,9 @@ class CRenderer:
       return f"({text})" if text.startswith("-") else text
     return self.names[id(u)]
 
-  def alu(self, u: UOp) -> str:
+  def alu(self, u: UOp, s: list[str]) -> str:
+    """The scalar C expression of ALU op `u` over the rendered sources `s`."""
     op, dt = u.arg, u.dtype
-    s = [self.ref(x) for x in u.srcs]
     sdt = u.srcs[0].dtype
     if op is UnaryOps.NEG: return f"!{s[0]}" if dt == dtypes.bool else f"-{s[0]}"
     if op in (UnaryOps.EXP2, UnaryOps.LOG2, UnaryOps.SIN, UnaryOps.SQRT):
@@ -85,31 +91,69 @@ class CRenderer:
     if op is TernaryOps.WHERE: return f"{s[0]} ? {s[1]} : {s[2]}"
     raise NotImplementedError(f"C renderer has no rule for {op}")
 
+  def type_name(self, dtype: DType, vec: int) -> str:
+    """The C type of a value: the scalar type, or a vector typedef (declared once per kernel)."""
+    if vec == 1: return dtype.c_name
+    name = f"{dtype.name}x{vec}"
+    if name not in self.typedefs:
+      # bool lanes are bytes holding 0 or 1 (_Bool can't be a vector element)
+      elem = "unsigned char" if dtype == dtypes.bool else dtype.c_name
+      size = vec * dtype.itemsize
+      self.typedefs[name] = (f"typedef {elem} {name} __attribute__((vector_size({size})));\n"
+                             f"typedef {elem} {name}u __attribute__((vector_size({size}), aligned({dtype.itemsize})));")
+    return name
+
+  def vector_alu(self, u: UOp, name: str) -> list[str]:
+    """A SIMD ALU op: a native vector operator where C has one, else the scalar expression per lane."""
+    vtype, op = self.type_name(u.dtype, u.vec), u.arg
+    s = [self.ref(x) for x in u.srcs]
+    native = u.dtype in _NATIVE_VECTOR_DTYPES and all(x.dtype == u.dtype for x in u.srcs)
+    if native and (op in _NATIVE_VECTOR_OPS or (op is BinaryOps.DIV and u.dtype.is_float)):
+      if op is UnaryOps.NEG: return [f"{vtype} {name} = -{s[0]};"]
+      return [f"{vtype} {name} = {s[0]}{_INFIX.get(op, '/')}{s[1]};"]
+    lane = [f"{x}[l]" if src.vec > 1 else x for x, src in zip(s, u.srcs)]
+    cast = "(_Bool)" if u.dtype == dtypes.bool else ""
+    return [f"{vtype} {name};", f"for (int l = 0; l < {u.vec}; l++) {name}[l] = {cast}({self.alu(u, lane)});"]
+
   def line(self, u: UOp) -> str | list[str]:
     n = u.num
     if u.op is UOps.RANGE:
-      name, extent = u.arg
+      name, extent, parallel = u.arg
       self.names[id(u)] = name
-      return f"for ({u.dtype.c_name} {name} = 0; {name} < {extent}; {name}++) {{"
+      lo, hi = ("start", "end") if parallel else ("0", str(extent))
+      return f"for ({u.dtype.c_name} {name} = {lo}; {name} < {hi}; {name}++) {{"
     if u.op is UOps.ENDRANGE: return "}"
     if u.op is UOps.LOAD:
       self.names[id(u)] = f"val{n}"
       buf, idx = self.ref(u.srcs[0]), self.ref(u.srcs[1])
-      read = f"{buf}[{idx}]"
-      if len(u.srcs) == 3: read = f"{self.ref(u.srcs[2])} ? {read} : 0"
-      return f"{u.dtype.c_name} val{n} = {read};"
+      vtype = self.type_name(u.dtype, u.vec)
+      read = f"{buf}[{idx}]" if u.vec == 1 else f"*(const {vtype}u*)({buf}+{idx})"
+      if len(u.srcs) == 3: read = f"{self.ref(u.srcs[2])} ? {read} : {'0' if u.vec == 1 else f'({vtype}){{}}'}"
+      return f"{vtype} val{n} = {read};"
     if u.op is UOps.DEFINE_ACC:
       self.names[id(u)] = f"acc{n}"
-      return f"{u.dtype.c_name} acc{n} = {render_const(u.arg, u.dtype)};"
+      init = render_const(u.arg, u.dtype)
+      if u.vec > 1: init = f"({self.type_name(u.dtype, u.vec)}){{}} + {init}"
+      return f"{self.type_name(u.dtype, u.vec)} acc{n} = {init};"
     if u.op is UOps.ASSIGN: return f"{self.ref(u.srcs[0])} = {self.ref(u.srcs[1])};"
     if u.op is UOps.STORE:
-      return f"{self.ref(u.srcs[0])}[{self.ref(u.srcs[1])}] = {self.ref(u.srcs[2])};"
+      buf, idx, value = (self.ref(x) for x in u.srcs)
+      if u.srcs[2].vec > 1: return f"*({self.type_name(u.srcs[2].dtype, u.srcs[2].vec)}u*)({buf}+{idx}) = {value};"
+      return f"{buf}[{idx}] = {value};"
+    if u.op is UOps.VECTORIZE:
+      self.names[id(u)] = f"vec{n}"
+      vtype = self.type_name(u.dtype, u.vec)
+      return f"{vtype} vec{n} = ({vtype}){{{', '.join(self.ref(x) for x in u.srcs)}}};"
+    if u.op is UOps.GEP:
+      self.names[id(u)] = f"gep{n}"
+      return f"{u.dtype.c_name} gep{n} = {self.ref(u.srcs[0])}[{u.arg}];"
     if u.op is UOps.ALU:
       self.names[id(u)] = f"alu{n}"
+      if u.vec > 1: return self.vector_alu(u, f"alu{n}")
       if u.arg is UnaryOps.BITCAST:
         # memcpy is the defined way to reinterpret bits in C; compilers turn it into a move
         return [f"{u.dtype.c_name} alu{n};", f"__builtin_memcpy(&alu{n}, &{self.ref(u.srcs[0])}, sizeof(alu{n}));"]
-      return f"{u.dtype.c_name} alu{n} = {self.alu(u)};"
+      return f"{u.dtype.c_name} alu{n} = {self.alu(u, [self.ref(x) for x in u.srcs])};"
     raise NotImplementedError(f"C renderer has no rule for {u.op}")
 
   def render(self) -> str:
@@ -125,14 +169,20 @@ class CRenderer:
       lines = self.line(u)
       body += ["  " * depth + ln for ln in ([lines] if isinstance(lines, str) else lines)]
       if u.op is UOps.RANGE: depth += 1
+    params += ["long long start", "long long end"]
     head = f"void {self.program.name}({', '.join(params)}) {{"
-    return "\n".join(["#include <math.h>", head] + body + ["}", ""])
+    return "\n".join(["#include <math.h>", *self.typedefs.values(), head] + body + ["}", ""])
 
 
 _INFIX = {
   BinaryOps.ADD: "+", BinaryOps.SUB: "-", BinaryOps.MUL: "*", BinaryOps.CMPLT: "<", BinaryOps.CMPEQ: "==",
   BinaryOps.CMPNE: "!=", BinaryOps.AND: "&", BinaryOps.OR: "|", BinaryOps.XOR: "^",
 }
+
+
+# vector types where C's operators act lane-wise with the scalar op's meaning (integers wrap: -fwrapv)
+_NATIVE_VECTOR_DTYPES = {dtypes.float32, dtypes.float64, dtypes.int32, dtypes.int64}
+_NATIVE_VECTOR_OPS = {BinaryOps.ADD, BinaryOps.SUB, BinaryOps.MUL, UnaryOps.NEG}
 
 
 def render_c(program: Program) -> str:

@@ -1,10 +1,14 @@
 """Linear IR to LLVM IR text.
 
 in: a Program (codegen/linearize.py)
-out: an LLVM module (text) with one function `void @<name>(ptr noalias %data0, ...)`.
+out: an LLVM module (text) with one function `void @<name>(ptr noalias %data0, ..., i64 %start, i64 %end)`;
+     [start, end) is the range of the program's parallel loop.
 Loops are header/body/exit blocks with a phi for the counter; accumulators live in allocas that
 the optimizer promotes to registers. bool is i8 in memory and i1 in registers. Semantics match the C
 renderer: guarded integer division, NaN-propagating max, per-op float16 rounding (LLVM's half).
+A SIMD value (vec > 1) is rendered as a list of scalars, one per lane: every op then has exactly its
+scalar meaning, and LLVM's SLP vectorizer packs the lanes back into vector instructions. Programs
+marked `contract` get the `contract` flag on fadd/fmul, so LLVM may form FMAs.
 """
 from __future__ import annotations
 from llvmlite import ir
@@ -33,6 +37,13 @@ def const(value, dtype: DType) -> ir.Constant:
   return ir.Constant(reg_type(dtype), int(value))
 
 
+# float ops on SIMD values emitted as LLVM vector instructions (the rest go lane by lane)
+_SIMD_FLOAT_OPS = {BinaryOps.ADD, BinaryOps.SUB, BinaryOps.MUL, BinaryOps.DIV, UnaryOps.NEG}
+
+
+def _simd(u: UOp) -> bool: return u.vec > 1 and u.dtype in (dtypes.float32, dtypes.float64)
+
+
 _INTRINSICS = {UnaryOps.EXP2: "llvm.exp2", UnaryOps.LOG2: "llvm.log2", UnaryOps.SIN: "llvm.sin",
                UnaryOps.SQRT: "llvm.sqrt", UnaryOps.TRUNC: "llvm.trunc"}
 _FLOAT_CMP = {BinaryOps.CMPLT: "<", BinaryOps.CMPEQ: "==", BinaryOps.CMPNE: "!="}
@@ -42,17 +53,26 @@ class LLVMRenderer:
   def __init__(self, program: Program):
     self.program = program
     self.module = ir.Module(name=program.name)
-    fn_type = ir.FunctionType(ir.VoidType(), [ir.PointerType() for _ in program.globals])
+    fn_type = ir.FunctionType(ir.VoidType(), [ir.PointerType() for _ in program.globals] + [ir.IntType(64)] * 2)
     self.fn = ir.Function(self.module, fn_type, name=program.name)
     self.entry = self.fn.append_basic_block("entry")
     self.b = ir.IRBuilder(self.entry)
     self.values: dict[int, ir.Value] = {}
+    self.vectors: dict[int, ir.Value] = {}     # float SIMD values that exist as one LLVM vector
     self.loops: dict[int, tuple] = {}
 
-  def ref(self, u: UOp) -> ir.Value:
+  def ref(self, u: UOp) -> ir.Value | list[ir.Value]:
+    """A scalar's value, or a SIMD value's list of lanes."""
     if u.op is UOps.CONST: return const(u.arg, u.dtype)
-    if u.op is UOps.DEFINE_ACC: return self.b.load(self.values[id(u)], typ=reg_type(u.dtype))
+    if u.op is UOps.DEFINE_ACC:
+      lanes = [self.b.load(slot, typ=reg_type(u.dtype)) for slot in self.values[id(u)]]
+      return lanes if u.vec > 1 else lanes[0]
     return self.values[id(u)]
+
+  def lane(self, u: UOp, i: int) -> ir.Value:
+    """Lane i of u; a scalar is the same in every lane."""
+    value = self.ref(u)
+    return value[i] if u.vec > 1 else value
 
   def intrinsic(self, name: str, dtype: DType, args: list[ir.Value]) -> ir.Value:
     fn = self.module.declare_intrinsic(name, [reg_type(dtype)])
@@ -88,9 +108,9 @@ class LLVMRenderer:
     if signed: q = b.select(b.icmp_signed("==", d, const(-1, dtype)), b.neg(a), q)
     return b.select(b.icmp_unsigned("==", d, zero), zero, q)
 
-  def alu(self, u: UOp) -> ir.Value:
+  def alu(self, u: UOp, s: list[ir.Value]) -> ir.Value:
+    """The scalar ALU op `u` over the source values `s`."""
     b, op, dt = self.b, u.arg, u.dtype
-    s = [self.ref(x) for x in u.srcs]
     sdt = u.srcs[0].dtype
     if op is UnaryOps.CAST: return self.cast(s[0], sdt, dt)
     if op is UnaryOps.BITCAST: return b.bitcast(s[0], reg_type(dt))
@@ -132,9 +152,11 @@ class LLVMRenderer:
         return b.select(gt, s[0], s[1])
     raise NotImplementedError(f"LLVM renderer has no rule for {op} on {dt.name}")
 
-  def load(self, u: UOp) -> ir.Value:
+  def load(self, u: UOp, offset: int) -> ir.Value:
+    """Element index+offset of the buffer (the lanes of a vector load are consecutive)."""
     b = self.b
     buf, idx = self.ref(u.srcs[0]), self.ref(u.srcs[1])
+    if offset: idx = b.add(idx, ir.Constant(idx.type, offset))
     gate = self.ref(u.srcs[2]) if len(u.srcs) == 3 else None
     # a gated load reads element 0 (always allocated) when invalid, then selects 0: no branch, no fault
     if gate is not None: idx = b.select(gate, idx, ir.Constant(idx.type, 0))
@@ -144,14 +166,20 @@ class LLVMRenderer:
     return val if gate is None else b.select(gate, val, const(0, u.dtype))
 
   def store(self, u: UOp) -> None:
-    buf, idx, val = (self.ref(x) for x in u.srcs)
+    buf, idx = self.ref(u.srcs[0]), self.ref(u.srcs[1])
     dtype = u.srcs[2].dtype
-    if dtype == dtypes.bool: val = self.b.zext(val, ir.IntType(8))
-    self.b.store(val, self.b.gep(buf, [idx], inbounds=True, source_etype=mem_type(dtype)))
+    for i in range(u.srcs[2].vec):
+      val = self.lane(u.srcs[2], i)
+      if dtype == dtypes.bool: val = self.b.zext(val, ir.IntType(8))
+      at = self.b.add(idx, ir.Constant(idx.type, i)) if i else idx
+      self.b.store(val, self.b.gep(buf, [at], inbounds=True, source_etype=mem_type(dtype)))
 
   def open_loop(self, u: UOp) -> None:
     b, ity = self.b, reg_type(u.dtype)
-    name, extent = u.arg
+    name, extent, parallel = u.arg
+    start, end = self.fn.args[-2:]
+    lo, hi = (b.trunc(start, ity), b.trunc(end, ity)) if parallel and ity.width < 64 else (start, end) if parallel else \
+      (ir.Constant(ity, 0), ir.Constant(ity, extent))
     pre = b.block
     header = self.fn.append_basic_block(f"{name}_head")
     body = self.fn.append_basic_block(f"{name}_body")
@@ -159,8 +187,8 @@ class LLVMRenderer:
     b.branch(header)
     b.position_at_end(header)
     counter = b.phi(ity, name=name)
-    counter.add_incoming(ir.Constant(ity, 0), pre)
-    b.cbranch(b.icmp_signed("<", counter, ir.Constant(ity, extent)), body, exit_)
+    counter.add_incoming(lo, pre)
+    b.cbranch(b.icmp_signed("<", counter, hi), body, exit_)
     b.position_at_end(body)
     self.values[id(u)] = counter
     self.loops[id(u)] = (header, exit_, counter)
@@ -172,6 +200,38 @@ class LLVMRenderer:
     b.branch(header)
     b.position_at_end(exit_)
 
+  # -- float SIMD values as LLVM vectors: the lanes stay available as extracts, which fold away --
+  def packed(self, u: UOp) -> ir.Value:
+    """u as one LLVM vector of `vec` lanes (a scalar is splatted)."""
+    if id(u) in self.vectors: return self.vectors[id(u)]
+    lanes = [self.lane(u, i) for i in range(self.width)]
+    vec = ir.Constant(ir.VectorType(reg_type(u.dtype), self.width), ir.Undefined)
+    for i, x in enumerate(lanes): vec = self.b.insert_element(vec, x, ir.Constant(ir.IntType(32), i))
+    if u.vec > 1 and u.op is not UOps.DEFINE_ACC: self.vectors[id(u)] = vec
+    return vec
+
+  def unpack(self, u: UOp, vec: ir.Value) -> None:
+    self.vectors[id(u)] = vec
+    self.values[id(u)] = [self.b.extract_element(vec, ir.Constant(ir.IntType(32), i)) for i in range(u.vec)]
+
+  def simd_load(self, u: UOp) -> None:
+    buf, idx = self.ref(u.srcs[0]), self.ref(u.srcs[1])
+    vtype = ir.VectorType(reg_type(u.dtype), u.vec)
+    ptr = self.b.gep(buf, [idx], inbounds=True, source_etype=mem_type(u.dtype))
+    self.unpack(u, self.b.load(ptr, typ=vtype, align=u.dtype.itemsize))
+
+  def simd_alu(self, u: UOp) -> None:
+    self.width = u.vec
+    srcs = [self.packed(x) for x in u.srcs]
+    b, op = self.b, u.arg
+    if op is UnaryOps.NEG: out = b.fneg(srcs[0])
+    else: out = {BinaryOps.ADD: b.fadd, BinaryOps.SUB: b.fsub, BinaryOps.MUL: b.fmul, BinaryOps.DIV: b.fdiv}[op](srcs[0], srcs[1])
+    self.unpack(u, out)
+
+  def vector(self, u: UOp, make) -> ir.Value | list[ir.Value]:
+    """make(lane) for every lane of u: a list for a SIMD value, else the one scalar."""
+    return [make(i) for i in range(u.vec)] if u.vec > 1 else make(0)
+
   def render(self) -> str:
     for arg, g in zip(self.fn.args, self.program.globals):
       arg.add_attribute("noalias")
@@ -180,20 +240,30 @@ class LLVMRenderer:
       if u.op in (UOps.DEFINE_GLOBAL, UOps.CONST): continue
       if u.op is UOps.RANGE: self.open_loop(u)
       elif u.op is UOps.ENDRANGE: self.close_loop(u.srcs[0])
-      elif u.op is UOps.LOAD: self.values[id(u)] = self.load(u)
-      elif u.op is UOps.ALU: self.values[id(u)] = self.alu(u)
+      elif u.op is UOps.LOAD and _simd(u) and len(u.srcs) == 2: self.simd_load(u)
+      elif u.op is UOps.LOAD: self.values[id(u)] = self.vector(u, lambda i: self.load(u, i))
+      elif u.op is UOps.ALU and _simd(u) and u.arg in _SIMD_FLOAT_OPS and all(x.dtype == u.dtype for x in u.srcs): self.simd_alu(u)
+      elif u.op is UOps.ALU: self.values[id(u)] = self.vector(u, lambda i: self.alu(u, [self.lane(x, i) for x in u.srcs]))
+      elif u.op is UOps.VECTORIZE: self.values[id(u)] = [self.ref(x) for x in u.srcs]
+      elif u.op is UOps.GEP: self.values[id(u)] = self.ref(u.srcs[0])[u.arg]
       elif u.op is UOps.STORE: self.store(u)
       elif u.op is UOps.DEFINE_ACC:
         # allocas go in the entry block so mem2reg/SROA can promote them
         with self.b.goto_block(self.entry):
           self.b.position_at_start(self.entry)
-          slot = self.b.alloca(reg_type(u.dtype), name=f"acc{u.num}")
-        self.values[id(u)] = slot
-        self.b.store(const(u.arg, u.dtype), slot)
-      elif u.op is UOps.ASSIGN: self.b.store(self.ref(u.srcs[1]), self.values[id(u.srcs[0])])
+          slots = [self.b.alloca(reg_type(u.dtype), name=f"acc{u.num}_{i}") for i in range(u.vec)]
+        self.values[id(u)] = slots
+        for slot in slots: self.b.store(const(u.arg, u.dtype), slot)
+      elif u.op is UOps.ASSIGN:
+        for i, slot in enumerate(self.values[id(u.srcs[0])]): self.b.store(self.lane(u.srcs[1], i), slot)
       else: raise NotImplementedError(f"LLVM renderer has no rule for {u.op}")
     self.b.ret_void()
-    return str(self.module)
+    text = str(self.module)
+    # llvmlite's builder can't flag one instruction; a float sum already split into partial sums may
+    # fuse a*b+c into one FMA, as the C device allows with -ffp-contract=fast
+    if self.program.contract:
+      for op in ("fadd", "fmul"): text = text.replace(f" = {op} ", f" = {op} contract ")
+    return text
 
 
 def render_llvm(program: Program) -> str:

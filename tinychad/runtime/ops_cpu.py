@@ -2,11 +2,16 @@
 
 in: a ScheduleItem and its Buffers (output first, then inputs by LOAD number)
 out: the output buffer filled by a C function compiled with `CC` (else clang, else gcc) into a
-     shared library, loaded with ctypes. Libraries are cached in memory and on disk (runtime/cache.py).
+     shared library, loaded with ctypes, run across threads (runtime/threads.py). Libraries are cached
+     in memory and on disk (runtime/cache.py).
 Flags: -O2 -march=native -fPIC -shared, plus
   -fwrapv             integer overflow wraps as in numpy (signed overflow is otherwise undefined in C)
-  -ffp-contract=off   no fused multiply-add: a*b+c rounds twice, exactly like numpy
+  -fno-math-errno     sqrt may be one instruction (nothing reads errno)
+  -ffp-contract=off   no fused multiply-add: a*b+c rounds twice, exactly like numpy; except in kernels
+                      whose float sum is already split into partial sums (Program.contract), where
+                      -ffp-contract=fast lets a*b+acc be one FMA
 and `$CC_FLAGS_EXTRA` (e.g. -fsanitize=address for tests). No -ffast-math: NaN and inf must survive.
+`prepare(items)` compiles every new kernel of a schedule up front, several gcc processes at once.
 """
 from __future__ import annotations
 import ctypes
@@ -14,29 +19,33 @@ import functools
 import os
 import shlex
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from tinychad.codegen import lower_item
 from tinychad.device import find_c_compiler
-from tinychad.helpers import DEBUG
+from tinychad.helpers import DEBUG, prod
 from tinychad.renderer.cstyle import render_c
 from tinychad.runtime.cache import cache_key, load_shared_library
+from tinychad.runtime.threads import run_parallel
 
-BASE_FLAGS = ["-O2", "-march=native", "-fPIC", "-shared", "-fwrapv", "-ffp-contract=off"]
+BASE_FLAGS = ["-O2", "-march=native", "-fPIC", "-shared", "-fwrapv", "-fno-math-errno", "-ffp-contract=off"]
+CONTRACT_FLAG = "-ffp-contract=fast"
 
 
 class CompileError(RuntimeError):
   """A kernel's C source did not compile; the message names the kernel and has the compiler output."""
 
 
-def compile_flags() -> list[str]:
-  return BASE_FLAGS + shlex.split(os.getenv("CC_FLAGS_EXTRA", ""))
+def compile_flags(contract: bool = False) -> list[str]:
+  flags = BASE_FLAGS + shlex.split(os.getenv("CC_FLAGS_EXTRA", ""))
+  return [CONTRACT_FLAG if f == "-ffp-contract=off" else f for f in flags] if contract else flags
 
 
-def compile_c(source: str, name: str, compiler: str | None = None) -> ctypes.CDLL:
+def compile_c(source: str, name: str, compiler: str | None = None, contract: bool = False) -> ctypes.CDLL:
   """A loaded shared library built from `source` (cached). `name` is only for error messages."""
   cc = compiler or find_c_compiler()
   if cc is None: raise CompileError(f"kernel {name}: no C compiler found (set CC, or install clang or gcc)")
-  flags = compile_flags()
+  flags = compile_flags(contract)
 
   def build(out: Path) -> None:
     cmd = [cc, *flags, "-x", "c", "-", "-o", str(out), "-lm"]
@@ -65,26 +74,38 @@ def _compiler_works(cc: str) -> bool:
 class CPUDevice:
   def __init__(self, name: str):
     self.name = name
-    self.programs: dict = {}      # (kernel tree, name) -> ctypes function
+    self.programs: dict = {}      # (kernel tree, name) -> (ctypes function, parallel extent)
 
   @staticmethod
   def available() -> bool:
     cc = find_c_compiler()
     return cc is not None and _compiler_works(cc)
 
+  def _build(self, item) -> tuple:
+    program = lower_item(item)
+    source = render_c(program)
+    if DEBUG() >= 4: print(source)
+    fn = getattr(compile_c(source, item.name, contract=program.contract), item.name)
+    fn.restype = None
+    fn.argtypes = [ctypes.c_void_p] * len(program.globals) + [ctypes.c_int64, ctypes.c_int64]
+    return fn, program.parallel
+
   def program(self, item):
     key = (item.ast, item.name)
-    if key not in self.programs:
-      source = render_c(lower_item(item))
-      if DEBUG() >= 4: print(source)
-      fn = getattr(compile_c(source, item.name), item.name)
-      fn.restype = None
-      self.programs[key] = fn
+    if key not in self.programs: self.programs[key] = self._build(item)
     return self.programs[key]
 
+  def prepare(self, items) -> None:
+    """Compile the kernels of a schedule that aren't loaded yet, on parallel gcc processes."""
+    todo = {(item.ast, item.name): item for item in items if item.is_kernel and (item.ast, item.name) not in self.programs}
+    if len(todo) < 2: return
+    # each build waits on its own gcc process; threads just overlap those waits
+    with ThreadPoolExecutor(max_workers=min(len(todo), 2 * (os.cpu_count() or 1))) as pool:
+      for key, built in zip(todo, pool.map(self._build, todo.values())): self.programs[key] = built
+
   def exec(self, item, bufs) -> None:
-    fn = self.program(item)
-    fn(*[ctypes.c_void_p(b.as_numpy().ctypes.data) for b in bufs])
+    fn, extent = self.program(item)
+    run_parallel(fn, [b.allocate().address for b in bufs], extent, prod(item.full_shape))
 
 
 def device_class(): return CPUDevice

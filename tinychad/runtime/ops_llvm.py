@@ -2,7 +2,8 @@
 
 in: a ScheduleItem and its Buffers (output first, then inputs by LOAD number)
 out: the output buffer filled by machine code from MCJIT, optimized at -O2 by LLVM's new pass
-     manager for the host CPU. Compiled kernels are cached in memory by source text.
+     manager for the host CPU, run across threads (runtime/threads.py). Compiled kernels are cached
+     in memory by source text.
 llvmlite 0.50: llvm.initialize() raises, so only the native target and asm printer are initialized.
 Each execution engine gets its own TargetMachine (an engine takes ownership of the one it's given).
 """
@@ -11,9 +12,10 @@ import ctypes
 import ctypes.util
 import functools
 from tinychad.codegen import lower_item
-from tinychad.helpers import DEBUG
+from tinychad.helpers import DEBUG, prod
 from tinychad.renderer.llvmir import render_llvm
 from tinychad.runtime.cache import CacheStats, cache_key, memoize
+from tinychad.runtime.threads import run_parallel
 
 
 @functools.lru_cache(maxsize=None)
@@ -45,9 +47,10 @@ def _target_machine():
 
 class CompiledKernel:
   """One JIT-compiled function; holds the engine so the machine code stays alive."""
-  def __init__(self, source: str, name: str):
+  def __init__(self, source: str, name: str, n_buffers: int, parallel: int):
     llvm = _llvm()
     tm = _target_machine()
+    self.parallel = parallel
     module = llvm.parse_assembly(source)
     module.triple, module.data_layout = tm.triple, str(tm.target_data)
     module.verify()
@@ -59,14 +62,12 @@ class CompiledKernel:
     self.engine.finalize_object()
     self.optimized_ir = str(module)
     address = self.engine.get_function_address(name)
-    self.fn = ctypes.CFUNCTYPE(None)(address)
+    self.fn = ctypes.CFUNCTYPE(None, *[ctypes.c_void_p] * n_buffers, ctypes.c_int64, ctypes.c_int64)(address)
     CacheStats.compiles += 1
 
-  def __call__(self, *pointers: int) -> None: self.fn(*[ctypes.c_void_p(p) for p in pointers])
 
-
-def compile_llvm(source: str, name: str) -> CompiledKernel:
-  return memoize(cache_key("llvm", source), lambda: CompiledKernel(source, name))
+def compile_llvm(source: str, name: str, n_buffers: int = 1, parallel: int = 0) -> CompiledKernel:
+  return memoize(cache_key("llvm", source), lambda: CompiledKernel(source, name, n_buffers, parallel))
 
 
 class LLVMDevice:
@@ -85,13 +86,15 @@ class LLVMDevice:
   def program(self, item) -> CompiledKernel:
     key = (item.ast, item.name)
     if key not in self.programs:
-      source = render_llvm(lower_item(item))
+      program = lower_item(item)
+      source = render_llvm(program)
       if DEBUG() >= 4: print(source)
-      self.programs[key] = compile_llvm(source, item.name)
+      self.programs[key] = compile_llvm(source, item.name, len(program.globals), program.parallel)
     return self.programs[key]
 
   def exec(self, item, bufs) -> None:
-    self.program(item)(*[b.as_numpy().ctypes.data for b in bufs])
+    kernel = self.program(item)
+    run_parallel(kernel.fn, [b.allocate().address for b in bufs], kernel.parallel, prod(item.full_shape))
 
 
 def device_class(): return LLVMDevice
