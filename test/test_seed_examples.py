@@ -85,3 +85,14 @@ x = tensor.randn(5,5).reshape(1,-1)
 print(Linear(25,10)(x).shape, x.device)
 """
   assert run_snippet(code, LLVM="1", DEVICE="").strip() == "(1, 10) LLVM"
+
+
+def test_llvm_flag_with_debug_4_shows_llvm_ir(tmp_path):
+  code = """
+from tinychad.tensor import tensor, Linear
+x = tensor.randn(5,5).reshape(1,-1)
+print(Linear(25,10)(x).numpy().shape)
+"""
+  printed = run_snippet(code, LLVM="1", DEVICE="", DEBUG="4", TINYCHAD_CACHE=str(tmp_path))
+  assert "define void @\"r_10_25\"" in printed and "fmul" in printed
+  assert printed.strip().endswith("(1, 10)")
