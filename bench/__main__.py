@@ -1,4 +1,4 @@
-"""`python -m bench [--quick]`: every workload, one table. Also the entry point of the worker processes."""
+"""`python -m bench [--quick] [--mnist]`: every workload, one table (then full MNIST training with --mnist). Also the entry point of the worker processes."""
 from bench.common import main
 
 WORKLOADS = ["bench.matmul", "bench.elementwise", "bench.reduce_sum", "bench.softmax", "bench.conv",

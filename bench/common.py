@@ -79,6 +79,8 @@ def add_repo_to_path() -> None:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
   parser = argparse.ArgumentParser(description="tinychad vs PyTorch vs numpy vs tinygrad on the CPU")
   parser.add_argument("--quick", action="store_true", help="smaller sizes and fewer repeats")
+  parser.add_argument("--mnist", action="store_true",
+                      help="then train the MNIST CNN in full with tinychad and PyTorch (bench/mnist.py; several minutes)")
   parser.add_argument("--worker", nargs=3, metavar=("MODULE", "LIBRARY", "THREADS"), help=argparse.SUPPRESS)
   return parser.parse_args(argv)
 
@@ -273,6 +275,10 @@ def main(module_names: list[str], argv: list[str] | None = None) -> None:
   print("\nGFLOP/s, GB/s, tok/s: higher is better; ms: lower is better. Ratios > 1x: tinychad is slower.")
   print("Ratios compare tinychad with the same thread count. Numbers are medians after warm-up"
         + (" (--quick: small sizes, 3 runs)." if args.quick else "."))
+  if args.mnist:
+    # imported here: bench.mnist imports this module
+    from bench import mnist
+    mnist.main([])
 
 
 def tinygrad_realize(*tensors):

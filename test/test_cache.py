@@ -1,13 +1,16 @@
 """The compiled-kernel cache across processes.
 
-in: subprocesses that run one kernel on CPU with TINYCHAD_CACHE pointing at a temp dir
-out: pass when a second process compiles nothing, a damaged .so is rebuilt, and two processes
-     compiling the same kernel at once both get right answers.
+in: subprocesses that run one kernel on CPU (or LLVM) with TINYCHAD_CACHE pointing at a temp dir
+out: pass when a second process compiles nothing, a damaged .so (or .o) is rebuilt, two processes
+     compiling the same kernel at once both get right answers, and the LLVM device's prepare
+     compiles a schedule's kernels up front.
 """
 import os
 import subprocess
 import sys
 from pathlib import Path
+import numpy as np
+import pytest
 
 SCRIPT = """
 import numpy as np
@@ -15,30 +18,32 @@ from tinychad.lazy import LazyBuffer
 from tinychad.ops import BinaryOps, ReduceOps
 from tinychad.runtime.cache import CacheStats
 x = np.arange(24, dtype=np.float32).reshape(4, 6)
-out = LazyBuffer.from_numpy(x, "CPU").e(BinaryOps.MUL, LazyBuffer.from_numpy(x, "CPU")).r(ReduceOps.SUM, (1,)).numpy()
+out = LazyBuffer.from_numpy(x, DEVICE).e(BinaryOps.MUL, LazyBuffer.from_numpy(x, DEVICE)).r(ReduceOps.SUM, (1,)).numpy()
 assert np.allclose(out, (x * x).sum(1, keepdims=True)), out
 print(f"compiles={CacheStats.compiles} disk_hits={CacheStats.disk_hits}")
 """
 
 
-def run(cache: Path) -> dict:
+def run(cache: Path, device: str = "CPU") -> dict:
   env = dict(os.environ, TINYCHAD_CACHE=str(cache), CACHE="1")
-  res = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=60)
+  res = subprocess.run([sys.executable, "-c", f"DEVICE = {device!r}\n" + SCRIPT], env=env, capture_output=True, text=True, timeout=60)
   assert res.returncode == 0, res.stderr
   return dict(kv.split("=") for kv in res.stdout.split())
 
 
-def test_second_process_reuses_disk_cache(tmp_path):
-  assert run(tmp_path) == {"compiles": "1", "disk_hits": "0"}
-  assert run(tmp_path) == {"compiles": "0", "disk_hits": "1"}
+@pytest.mark.parametrize("device", ["CPU", "LLVM"])
+def test_second_process_reuses_disk_cache(tmp_path, device):
+  assert run(tmp_path, device) == {"compiles": "1", "disk_hits": "0"}
+  assert run(tmp_path, device) == {"compiles": "0", "disk_hits": "1"}
 
 
-def test_truncated_library_is_rebuilt(tmp_path):
-  run(tmp_path)
-  (lib,) = tmp_path.glob("*.so")
+@pytest.mark.parametrize("device, suffix", [("CPU", "so"), ("LLVM", "o")])
+def test_truncated_library_is_rebuilt(tmp_path, device, suffix):
+  run(tmp_path, device)
+  (lib,) = tmp_path.glob(f"*.{suffix}")
   lib.write_bytes(lib.read_bytes()[:100])
-  assert run(tmp_path) == {"compiles": "1", "disk_hits": "0"}
-  assert run(tmp_path) == {"compiles": "0", "disk_hits": "1"}
+  assert run(tmp_path, device) == {"compiles": "1", "disk_hits": "0"}
+  assert run(tmp_path, device) == {"compiles": "0", "disk_hits": "1"}
 
 
 def test_missing_checksum_is_rebuilt(tmp_path):
@@ -50,7 +55,7 @@ def test_missing_checksum_is_rebuilt(tmp_path):
 
 def test_concurrent_compiles_both_succeed(tmp_path):
   env = dict(os.environ, TINYCHAD_CACHE=str(tmp_path), CACHE="1")
-  procs = [subprocess.Popen([sys.executable, "-c", SCRIPT], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+  procs = [subprocess.Popen([sys.executable, "-c", "DEVICE = 'CPU'\n" + SCRIPT], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True) for _ in range(4)]
   for p in procs:
     out, err = p.communicate(timeout=60)
@@ -62,6 +67,28 @@ def test_concurrent_compiles_both_succeed(tmp_path):
 
 def test_cache_disabled_writes_nothing(tmp_path):
   env = dict(os.environ, TINYCHAD_CACHE=str(tmp_path), CACHE="0")
-  res = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=60)
+  res = subprocess.run([sys.executable, "-c", "DEVICE = 'CPU'\n" + SCRIPT], env=env, capture_output=True, text=True, timeout=60)
   assert res.returncode == 0, res.stderr
   assert "compiles=1" in res.stdout and not list(tmp_path.iterdir())
+
+
+def test_llvm_prepare_compiles_the_schedule_on_threads(monkeypatch):
+  from tinychad.device import Device
+  from tinychad.engine.schedule import create_schedule
+  from tinychad.lazy import LazyBuffer
+  from tinychad.ops import BinaryOps, ReduceOps, UnaryOps
+  from tinychad.runtime.cache import CacheStats
+  monkeypatch.setenv("CACHE", "0")
+  x = np.linspace(0.5, 3, 96, dtype=np.float32).reshape(8, 12)
+  a = LazyBuffer.from_numpy(x, "LLVM")
+  # three kernels: a reduce, an elementwise op on its result, and a second reduce
+  out = a.r(ReduceOps.SUM, (1,)).e(UnaryOps.LOG2).e(BinaryOps.ADD, a.r(ReduceOps.MAX, (1,)))
+  items = [it for it in create_schedule([out]) if it.is_kernel]
+  assert len(items) >= 2
+  device = Device["LLVM"]
+  CacheStats.reset()
+  device.prepare(items)
+  assert all((it.ast, it.name) in device.programs for it in items)
+  compiled = CacheStats.compiles
+  np.testing.assert_allclose(out.numpy(), np.log2(x.sum(1, keepdims=True)) + x.max(1, keepdims=True), rtol=1e-6)
+  assert CacheStats.compiles == compiled     # realizing compiled nothing more

@@ -122,3 +122,49 @@ def test_debug_prints_tree_ir_and_source(monkeypatch, capsys):
   x.e(UnaryOps.SQRT).e(BinaryOps.ADD, LazyBuffer.full(1.0, (6,), dtypes.float32, "CPU")).numpy()
   out = capsys.readouterr().out
   assert "STORE float32" in out and "kernel E_6" in out and "sqrtf(" in out
+
+
+def _ulps(actual: np.ndarray, exact: np.ndarray) -> float:
+  """Largest distance of float32 results from float64 exact values, in float32 units in the last place
+  (the smallest denormal step below the normal range)."""
+  step = np.maximum(np.spacing(np.abs(exact).astype(np.float32)), np.float32(2.0 ** -149)).astype(np.float64)
+  return float(np.max(np.abs(actual.astype(np.float64) - exact) / step))
+
+
+_RNG = np.random.default_rng(7)
+# (op, numpy function, inputs: the whole float32 range incl. denormals, specials, max ulps allowed)
+POLY_CASES = [
+  (UnaryOps.EXP2, np.exp2, np.concatenate([_RNG.uniform(-160, 130, 200_000), _RNG.uniform(-1, 1, 50_000),
+                                          np.arange(-150, 129), np.arange(-150, 129) + 0.5]), 2),
+  (UnaryOps.LOG2, np.log2, np.concatenate([np.exp2(_RNG.uniform(-149, 128, 200_000)), _RNG.uniform(0.5, 2, 50_000),
+                                          np.exp2(np.arange(-149.0, 128.0))]), 3),
+]
+POLY_SPECIALS = np.array([np.inf, -np.inf, np.nan, 0.0, -0.0, 1.0, -1.0, 128.0, -150.0, 1e-45, 3.4e38, 2.0 ** -126], np.float32)
+
+
+@pytest.mark.parametrize("noopt", [False, True], ids=["simd", "scalar"])
+@pytest.mark.parametrize("device", ["CPU", "LLVM"])
+@pytest.mark.parametrize("op, np_fn, inputs, max_ulps", POLY_CASES, ids=["exp2", "log2"])
+def test_float32_exp2_log2_polynomials(op, np_fn, inputs, max_ulps, device, noopt, monkeypatch):
+  if noopt: monkeypatch.setenv("NOOPT", "1")
+  x = inputs.astype(np.float32)
+  x = x[:len(x) // 16 * 16]                  # a whole number of SIMD lanes
+  out = LazyBuffer.from_numpy(x, device).e(op).numpy()
+  with np.errstate(all="ignore"): exact = np_fn(x.astype(np.float64))
+  finite = np.abs(exact) < float(np.finfo(np.float32).max)
+  assert _ulps(out[finite], exact[finite]) <= max_ulps
+  assert np.all(np.isinf(out[~finite]) & (np.sign(out[~finite]) == np.sign(exact[~finite])))
+  with np.errstate(all="ignore"): want = np_fn(POLY_SPECIALS)
+  got = LazyBuffer.from_numpy(POLY_SPECIALS, device).e(op).numpy()
+  np.testing.assert_allclose(got, want, rtol=3e-7, atol=0)     # NaN where numpy has NaN, inf and 0 exactly
+
+
+def test_float32_exp2_is_vectorizable_float64_keeps_libm():
+  x = LazyBuffer.from_numpy(np.zeros(64, np.float32), "NUMPY")
+  (item,) = _items(x.e(UnaryOps.EXP2).e(UnaryOps.LOG2))
+  source = render_c(linearize(item.ast, item.name))
+  # the lane loops call the inline polynomials, no libm function
+  assert "tc_exp2f(" in source and "tc_log2f(" in source and source.count("exp2f(") == source.count("tc_exp2f(")
+  (item,) = _items(LazyBuffer.from_numpy(np.zeros(64, np.float64), "NUMPY").e(UnaryOps.EXP2))
+  source = render_c(linearize(item.ast, item.name))
+  assert "exp2(" in source and "tc_exp2f" not in source

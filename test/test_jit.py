@@ -88,3 +88,17 @@ def test_changed_learning_rate_is_used():
     opt.lr = 0.5
     finals.append(train(step, x, y, 3))
   np.testing.assert_allclose(finals[0], finals[1], rtol=1e-6)
+
+
+def test_switching_train_and_eval_records_again():
+  @TinyJit
+  def drop(a): return a.dropout(0.5) * 1
+
+  a = Tensor.ones(64)
+  Tensor.training = True
+  try:
+    for _ in range(3): assert (drop(a).numpy() == 0).any()
+    Tensor.training = False
+    for _ in range(3): np.testing.assert_allclose(drop(a).numpy(), 1.0)
+  finally:
+    Tensor.training = False

@@ -131,6 +131,20 @@ class _stepping:
     self.sched.step()
 
 
+def test_onecycle_steps_after_every_batch_like_torch():
+  # the usual loop steps the scheduler after each of the total_steps batches, the last one too; one more is an error
+  opt = SGD([Tensor(W0, requires_grad=True)], lr=0.1)
+  topt = torch.optim.SGD([torch.tensor(W0, requires_grad=True)], lr=0.1)
+  ours, theirs = OneCycleLR(opt, max_lr=0.5, total_steps=4), torch.optim.lr_scheduler.OneCycleLR(topt, max_lr=0.5, total_steps=4, cycle_momentum=False)
+  for _ in range(4):
+    opt.step()
+    ours.step()
+    topt.step()
+    theirs.step()
+  np.testing.assert_allclose(ours.get_last_lr(), theirs.get_last_lr(), rtol=1e-5)
+  with pytest.raises(ValueError, match="total_steps"): ours.step()
+
+
 def test_onecycle_needs_a_length():
   with pytest.raises(ValueError, match="total_steps"): OneCycleLR(SGD([Tensor(W0, requires_grad=True)]), max_lr=1.0)
 

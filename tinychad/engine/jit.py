@@ -109,7 +109,8 @@ class TinyJit:
   def __call__(self, *args, **kwargs):
     tensors = [a for a in args if isinstance(a, Tensor)] + [v for v in kwargs.values() if isinstance(v, Tensor)]
     if tensors: Tensor.realize(*tensors)
-    key = tuple((t.shape, t.dtype, t.device, t.lazydata.st) for t in tensors)
+    # train/eval mode and no_grad change which kernels a step runs, so they are part of the key
+    key = (Tensor.training, Tensor.no_grad) + tuple((t.shape, t.dtype, t.device, t.lazydata.st) for t in tensors)
     state = _scalar_state(self._roots(args, kwargs))
     if self.recording is not None and key == self.key and state == self.state:
       return self._replay(tensors)

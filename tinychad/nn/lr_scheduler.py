@@ -75,7 +75,8 @@ class OneCycleLR(LRScheduler):
 
   def get_lr(self) -> float:
     step = self.last_epoch
-    if step >= self.total_steps: raise ValueError(f"OneCycleLR: stepped {step + 1} times, more than total_steps {self.total_steps}")
+    # PyTorch allows total_steps calls to step(), so the usual `opt.step(); scheduler.step()` loop runs to its end
+    if step > self.total_steps: raise ValueError(f"OneCycleLR: stepped {step} times, more than total_steps {self.total_steps}")
     phase_start = 0.0
     for phase_end, start, end in self.phases[:-1]:
       if step <= phase_end: return self._anneal(start, end, (step - phase_start) / (phase_end - phase_start))

@@ -9,6 +9,8 @@ renderer: guarded integer division, NaN-propagating max, per-op float16 rounding
 A SIMD value (vec > 1) is rendered as a list of scalars, one per lane: every op then has exactly its
 scalar meaning, and LLVM's SLP vectorizer packs the lanes back into vector instructions. Programs
 marked `contract` get the `contract` flag on fadd/fmul, so LLVM may form FMAs.
+float32 exp2 and log2 are the C renderer's polynomials (POLY_MATH there) built from plain
+instructions, on a whole vector at once for SIMD values, instead of libm calls that stay scalar.
 """
 from __future__ import annotations
 from llvmlite import ir
@@ -47,6 +49,64 @@ def _simd(u: UOp) -> bool: return u.vec > 1 and u.dtype in (dtypes.float32, dtyp
 _INTRINSICS = {UnaryOps.EXP2: "llvm.exp2", UnaryOps.LOG2: "llvm.log2", UnaryOps.SIN: "llvm.sin",
                UnaryOps.SQRT: "llvm.sqrt", UnaryOps.TRUNC: "llvm.trunc"}
 _FLOAT_CMP = {BinaryOps.CMPLT: "<", BinaryOps.CMPEQ: "==", BinaryOps.CMPNE: "!="}
+
+
+def _splat(ty: ir.Type, value) -> ir.Constant:
+  """`value` in a scalar type, or in every lane of a vector type."""
+  if isinstance(ty, ir.VectorType): return ir.Constant(ty, [ir.Constant(ty.element, value)] * ty.count)
+  return ir.Constant(ty, value)
+
+
+def _int_like(ty: ir.Type) -> ir.Type:
+  """i32 or a vector of i32 with as many lanes as the float32 type `ty`."""
+  return ir.VectorType(ir.IntType(32), ty.count) if isinstance(ty, ir.VectorType) else ir.IntType(32)
+
+
+def _horner(b: ir.IRBuilder, x: ir.Value, coeffs: tuple[str, ...]) -> ir.Value:
+  """c0 + x*(c1 + x*(c2 + ...)) with the coefficients given as C hex floats."""
+  acc = _splat(x.type, float.fromhex(coeffs[-1]))
+  for c in reversed(coeffs[:-1]): acc = b.fadd(_splat(x.type, float.fromhex(c)), b.fmul(x, acc))
+  return acc
+
+
+# the coefficients of cstyle.POLY_MATH, whose source explains each step below
+_EXP2_COEFFS = ("0x1p0", "0x1.62e43p-1", "0x1.ebfbdep-3", "0x1.c6aef8p-5", "0x1.3b2cb8p-7", "0x1.5f3524p-10", "0x1.424b68p-13")
+_LOG2_COEFFS = ("0x1.715476p+1", "0x1.ec709ep-1", "0x1.2776c6p-1", "0x1.a61762p-2", "0x1.484b14p-2", "0x1.0c9a84p-2")
+
+
+def exp2_f32(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
+  """2^x for a float32 scalar or vector, without libm."""
+  fty, ity = x.type, _int_like(x.type)
+  c = b.select(b.fcmp_ordered(">", x, _splat(fty, -150.0)), x, _splat(fty, -150.0))
+  c = b.select(b.fcmp_ordered("<", c, _splat(fty, 128.0)), c, _splat(fty, 128.0))
+  k = b.fsub(b.fadd(c, _splat(fty, 12582912.0)), _splat(fty, 12582912.0))
+  p = _horner(b, b.fsub(c, k), _EXP2_COEFFS)
+  ki = b.fptosi(k, ity)
+  k1 = b.ashr(ki, _splat(ity, 1))
+  scales = [b.bitcast(b.shl(b.add(half, _splat(ity, 127)), _splat(ity, 23)), fty) for half in (k1, b.sub(ki, k1))]
+  r = b.fmul(b.fmul(p, scales[0]), scales[1])
+  return b.select(b.fcmp_unordered("uno", x, x), x, r)
+
+
+def log2_f32(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
+  """log2(x) for a float32 scalar or vector, without libm."""
+  fty, ity = x.type, _int_like(x.type)
+  denormal = b.fcmp_ordered("<", x, _splat(fty, 2.0 ** -126))
+  bits = b.bitcast(b.select(denormal, b.fmul(x, _splat(fty, 2.0 ** 23)), x), ity)
+  e = b.sub(b.and_(b.ashr(bits, _splat(ity, 23)), _splat(ity, 255)), b.select(denormal, _splat(ity, 150), _splat(ity, 127)))
+  m = b.bitcast(b.or_(b.and_(bits, _splat(ity, 0x7fffff)), _splat(ity, 0x3f800000)), fty)
+  big = b.fcmp_ordered(">", m, _splat(fty, float.fromhex("0x1.6a09e6p+0")))
+  m = b.select(big, b.fmul(m, _splat(fty, 0.5)), m)
+  e = b.add(e, b.zext(big, ity))
+  t = b.fdiv(b.fsub(m, _splat(fty, 1.0)), b.fadd(m, _splat(fty, 1.0)))
+  r = b.fadd(b.sitofp(e, fty), b.fmul(t, _horner(b, b.fmul(t, t), _LOG2_COEFFS)))
+  r = b.select(b.fcmp_ordered("==", x, _splat(fty, float("inf"))), x, r)
+  r = b.select(b.fcmp_ordered("==", x, _splat(fty, 0.0)), _splat(fty, float("-inf")), r)
+  r = b.select(b.fcmp_unordered("uno", x, x), x, r)
+  return b.select(b.fcmp_ordered("<", x, _splat(fty, 0.0)), _splat(fty, float("nan")), r)
+
+
+_POLY_MATH = {UnaryOps.EXP2: exp2_f32, UnaryOps.LOG2: log2_f32}
 
 
 class LLVMRenderer:
@@ -122,6 +182,7 @@ class LLVMRenderer:
       cmp = b.icmp_unsigned if sdt.is_unsigned else b.icmp_signed
       return cmp(_FLOAT_CMP[op], s[0], s[1])
     if dt.is_float:
+      if dt == dtypes.float32 and op in _POLY_MATH: return _POLY_MATH[op](b, s[0])
       if op in _INTRINSICS: return self.intrinsic(_INTRINSICS[op], dt, s)
       if op is UnaryOps.NEG: return b.fneg(s[0])
       if op is UnaryOps.RECIP: return b.fdiv(const(1, dt), s[0])
@@ -220,11 +281,17 @@ class LLVMRenderer:
     ptr = self.b.gep(buf, [idx], inbounds=True, source_etype=mem_type(u.dtype))
     self.unpack(u, self.b.load(ptr, typ=vtype, align=u.dtype.itemsize))
 
+  @staticmethod
+  def simd_op(u: UOp) -> bool:
+    """Whether ALU op u (a float SIMD value) is emitted as vector instructions."""
+    return u.arg in _SIMD_FLOAT_OPS or (u.dtype == dtypes.float32 and u.arg in _POLY_MATH)
+
   def simd_alu(self, u: UOp) -> None:
     self.width = u.vec
     srcs = [self.packed(x) for x in u.srcs]
     b, op = self.b, u.arg
     if op is UnaryOps.NEG: out = b.fneg(srcs[0])
+    elif op in _POLY_MATH: out = _POLY_MATH[op](b, srcs[0])
     else: out = {BinaryOps.ADD: b.fadd, BinaryOps.SUB: b.fsub, BinaryOps.MUL: b.fmul, BinaryOps.DIV: b.fdiv}[op](srcs[0], srcs[1])
     self.unpack(u, out)
 
@@ -242,7 +309,7 @@ class LLVMRenderer:
       elif u.op is UOps.ENDRANGE: self.close_loop(u.srcs[0])
       elif u.op is UOps.LOAD and _simd(u) and len(u.srcs) == 2: self.simd_load(u)
       elif u.op is UOps.LOAD: self.values[id(u)] = self.vector(u, lambda i: self.load(u, i))
-      elif u.op is UOps.ALU and _simd(u) and u.arg in _SIMD_FLOAT_OPS and all(x.dtype == u.dtype for x in u.srcs): self.simd_alu(u)
+      elif u.op is UOps.ALU and _simd(u) and self.simd_op(u) and all(x.dtype == u.dtype for x in u.srcs): self.simd_alu(u)
       elif u.op is UOps.ALU: self.values[id(u)] = self.vector(u, lambda i: self.alu(u, [self.lane(x, i) for x in u.srcs]))
       elif u.op is UOps.VECTORIZE: self.values[id(u)] = [self.ref(x) for x in u.srcs]
       elif u.op is UOps.GEP: self.values[id(u)] = self.ref(u.srcs[0])[u.arg]

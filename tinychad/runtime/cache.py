@@ -1,8 +1,10 @@
 """The compiled-kernel cache: compile each kernel source once per machine, not once per process.
 
 in: a kernel's source, the compiler and its flags, and a function that compiles the source to a file
-out: a loaded shared library (ctypes.CDLL), taken from memory, from disk, or freshly compiled.
-Disk layout: `<dir>/<key>.so` plus `<key>.sha256`, the checksum of the .so's bytes. `dir` is
+    (or, for the LLVM device, to bytes of object code)
+out: a loaded shared library (ctypes.CDLL), or the object code's bytes, taken from memory, from
+     disk, or freshly compiled.
+Disk layout: `<dir>/<key>.so` (or `.o`) plus `<key>.sha256`, the checksum of the file's bytes. `dir` is
 `$TINYCHAD_CACHE`, else `~/.cache/tinychad`; `CACHE=0` turns the disk cache off.
 Files are written to a temporary name in the same directory and moved into place with os.replace,
 which is atomic, so a concurrent reader sees either no file or a whole one. A .so whose bytes don't
@@ -65,13 +67,40 @@ def _atomic_write(path: Path, data: bytes) -> None:
     raise
 
 
-def _load_verified(lib_path: Path, sum_path: Path) -> ctypes.CDLL | None:
-  """The library at lib_path if its bytes match the checksum beside it, else None."""
+def _write_verified(path: Path, sum_path: Path, data: bytes) -> None:
+  # the file first, its checksum second: a reader that sees the new checksum sees the new file
+  _atomic_write(path, data)
+  _atomic_write(sum_path, hashlib.sha256(data).hexdigest().encode())
+
+
+def _read_verified(path: Path, sum_path: Path) -> bytes | None:
+  """The bytes at path if they match the checksum beside them, else None."""
   try:
-    data, expected = lib_path.read_bytes(), sum_path.read_text().strip()
+    data, expected = path.read_bytes(), sum_path.read_text().strip()
   except OSError:
     return None
-  if hashlib.sha256(data).hexdigest() != expected: return None
+  return data if hashlib.sha256(data).hexdigest() == expected else None
+
+
+def cached_bytes(key: str, suffix: str, build: Callable[[], bytes]) -> bytes:
+  """Compiled bytes for `key` from disk (`<key><suffix>`), else `build()`, then stored on disk.
+  No memory layer: the caller keeps what it loads from the bytes."""
+  directory = cache_dir()
+  if directory is not None:
+    path, sum_path = directory / f"{key}{suffix}", directory / f"{key}.sha256"
+    data = _read_verified(path, sum_path)
+    if data is not None:
+      CacheStats.disk_hits += 1
+      return data
+  data = build()
+  CacheStats.compiles += 1
+  if directory is not None: _write_verified(path, sum_path, data)
+  return data
+
+
+def _load_verified(lib_path: Path, sum_path: Path) -> ctypes.CDLL | None:
+  """The library at lib_path if its bytes match the checksum beside it, else None."""
+  if _read_verified(lib_path, sum_path) is None: return None
   try:
     return ctypes.CDLL(str(lib_path))
   except OSError:
@@ -98,9 +127,7 @@ def load_shared_library(key: str, build: Callable[[Path], None]) -> ctypes.CDLL:
       if directory is None:
         lib = ctypes.CDLL(str(built))    # the mapping outlives the file
       else:
-        # the library first, its checksum second: a reader that sees the new checksum sees the new library
-        _atomic_write(lib_path, data)
-        _atomic_write(sum_path, hashlib.sha256(data).hexdigest().encode())
+        _write_verified(lib_path, sum_path, data)
         # load our own bytes, not whatever a concurrent writer put at lib_path meanwhile
         lib = ctypes.CDLL(str(built))
   _memory[key] = lib

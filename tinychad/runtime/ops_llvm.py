@@ -2,8 +2,10 @@
 
 in: a ScheduleItem and its Buffers (output first, then inputs by LOAD number)
 out: the output buffer filled by machine code from MCJIT, optimized at -O2 by LLVM's new pass
-     manager for the host CPU, run across threads (runtime/threads.py). Compiled kernels are cached
-     in memory by source text.
+     manager for the host CPU, run across threads (runtime/threads.py). A kernel's object code is
+     cached in memory and on disk (runtime/cache.py) by IR text and host CPU, so a new process
+     loads it instead of optimizing again; `prepare(items)` compiles a schedule's new kernels on
+     several threads.
 llvmlite 0.50: llvm.initialize() raises, so only the native target and asm printer are initialized.
 Each execution engine gets its own TargetMachine (an engine takes ownership of the one it's given).
 """
@@ -11,10 +13,13 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
+import os
+from concurrent.futures import ThreadPoolExecutor
 from tinychad.codegen import lower_item
+from tinychad.codegen.linearize import Program
 from tinychad.helpers import DEBUG, prod
 from tinychad.renderer.llvmir import render_llvm
-from tinychad.runtime.cache import CacheStats, cache_key, memoize
+from tinychad.runtime.cache import cache_key, cached_bytes, memoize
 from tinychad.runtime.threads import run_parallel
 
 
@@ -45,29 +50,50 @@ def _target_machine():
                                       opt=2, reloc="pic", codemodel="jitdefault", jit=True)
 
 
+def compile_object(source: str) -> bytes:
+  """Machine code (an ELF object) for an LLVM module's text, optimized at -O2 for the host CPU.
+  Each call has its own LLVMContext and TargetMachine, so several threads may compile at once."""
+  llvm = _llvm()
+  tm = _target_machine()
+  module = llvm.parse_assembly(source, context=llvm.create_context())
+  module.triple, module.data_layout = tm.triple, str(tm.target_data)
+  module.verify()
+  pto = llvm.create_pipeline_tuning_options(speed_level=2)
+  pto.loop_vectorization = pto.slp_vectorization = True
+  pass_builder = llvm.create_pass_builder(tm, pto)
+  pass_builder.getModulePassManager().run(module, pass_builder)
+  return tm.emit_object(module)
+
+
 class CompiledKernel:
-  """One JIT-compiled function; holds the engine so the machine code stays alive."""
-  def __init__(self, source: str, name: str, n_buffers: int, parallel: int):
+  """One kernel's machine code loaded into MCJIT; holds the engine so the code stays alive."""
+  def __init__(self, obj: bytes, name: str, n_buffers: int, parallel: int):
     llvm = _llvm()
-    tm = _target_machine()
     self.parallel = parallel
-    module = llvm.parse_assembly(source)
-    module.triple, module.data_layout = tm.triple, str(tm.target_data)
-    module.verify()
-    pto = llvm.create_pipeline_tuning_options(speed_level=2)
-    pto.loop_vectorization = pto.slp_vectorization = True
-    pass_builder = llvm.create_pass_builder(tm, pto)
-    pass_builder.getModulePassManager().run(module, pass_builder)
-    self.engine = llvm.create_mcjit_compiler(module, tm)
+    # an engine needs a module to start from; the kernel itself comes in as an object file
+    self.engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), _target_machine())
+    self.engine.add_object_file(llvm.ObjectFileRef.from_data(obj))
     self.engine.finalize_object()
-    self.optimized_ir = str(module)
     address = self.engine.get_function_address(name)
     self.fn = ctypes.CFUNCTYPE(None, *[ctypes.c_void_p] * n_buffers, ctypes.c_int64, ctypes.c_int64)(address)
-    CacheStats.compiles += 1
 
 
-def compile_llvm(source: str, name: str, n_buffers: int = 1, parallel: int = 0) -> CompiledKernel:
-  return memoize(cache_key("llvm", source), lambda: CompiledKernel(source, name, n_buffers, parallel))
+@functools.lru_cache(maxsize=None)
+def _host() -> str:
+  llvm = _llvm()
+  return f"{llvm.get_process_triple()} {llvm.get_host_cpu_name()} {llvm.get_host_cpu_features().flatten()}"
+
+
+def kernel_key(source: str) -> str:
+  """The cache key of a kernel: its IR and the CPU the machine code is for."""
+  return cache_key("llvm", _host(), source)
+
+
+def compile_llvm(source: str, name: str, n_buffers: int = 1, parallel: int = 0, obj: bytes | None = None) -> CompiledKernel:
+  """The loaded kernel for `source` (memory cache), its object code from `obj`, the disk cache or LLVM."""
+  key = kernel_key(source)
+  return memoize(key, lambda: CompiledKernel(obj if obj is not None else cached_bytes(key, ".o", lambda: compile_object(source)),
+                                             name, n_buffers, parallel))
 
 
 class LLVMDevice:
@@ -83,14 +109,31 @@ class LLVMDevice:
       return False
     return True
 
+  @staticmethod
+  def _render(item) -> tuple[str, Program]:
+    program = lower_item(item)
+    source = render_llvm(program)
+    if DEBUG() >= 4: print(source)
+    return source, program
+
   def program(self, item) -> CompiledKernel:
     key = (item.ast, item.name)
     if key not in self.programs:
-      program = lower_item(item)
-      source = render_llvm(program)
-      if DEBUG() >= 4: print(source)
+      source, program = self._render(item)
       self.programs[key] = compile_llvm(source, item.name, len(program.globals), program.parallel)
     return self.programs[key]
+
+  def prepare(self, items) -> None:
+    """Compile the kernels of a schedule that aren't loaded yet: LLVM's optimization and code
+    generation on parallel threads (llvmlite drops the GIL in them), loading into MCJIT after."""
+    todo = {(item.ast, item.name): item for item in items if item.is_kernel and (item.ast, item.name) not in self.programs}
+    if len(todo) < 2: return
+    rendered = [self._render(item) for item in todo.values()]
+    build = lambda source: cached_bytes(kernel_key(source), ".o", lambda: compile_object(source))
+    with ThreadPoolExecutor(max_workers=min(len(todo), os.cpu_count() or 1)) as pool:
+      objects = list(pool.map(build, [source for source, _ in rendered]))
+    for (key, item), (source, program), obj in zip(todo.items(), rendered, objects):
+      self.programs[key] = compile_llvm(source, item.name, len(program.globals), program.parallel, obj)
 
   def exec(self, item, bufs) -> None:
     kernel = self.program(item)
