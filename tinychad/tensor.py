@@ -27,6 +27,7 @@ class Tensor:
   __slots__ = ("lazydata", "requires_grad", "grad", "_ctx", "__weakref__")
   training: bool = False   # dropout and batchnorm look at this
   no_grad: bool = False    # set by the no_grad() context: no graph for backward is recorded
+  random_listener = None   # set by TinyJit: random tensors made in a recorded step are drawn afresh on replay
   assign_listener = None   # set by TinyJit: it learns which tensors a step updates, and which change between steps
   _rng: np.random.Generator = np.random.default_rng(0)
 
@@ -188,21 +189,24 @@ class Tensor:
   def manual_seed(seed: int = 0) -> None: Tensor._rng = np.random.default_rng(seed)
 
   @staticmethod
-  def _random(values: np.ndarray, dtype, device, requires_grad) -> Tensor:
+  def _random(draw, dtype, device, requires_grad) -> Tensor:
+    """A tensor of fresh random numbers from `draw()` (host generator); TinyJit re-draws them on replay."""
     dtype = dtypes.from_any(dtype) if dtype is not None else dtypes.default_float
-    return Tensor(values.astype(dtype.np), device=device, requires_grad=requires_grad)
+    out = Tensor(draw().astype(dtype.np), device=device, requires_grad=requires_grad)
+    if Tensor.random_listener is not None: Tensor.random_listener(out, lambda: draw().astype(dtype.np))
+    return out
 
   @staticmethod
   def rand(*shape, dtype=None, device=None, requires_grad=None) -> Tensor:
     shape = argfix(*shape)
     _check_shape(shape, "rand")
-    return Tensor._random(Tensor._rng.random(shape, dtype=np.float32), dtype, device, requires_grad)
+    return Tensor._random(lambda: Tensor._rng.random(shape, dtype=np.float32), dtype, device, requires_grad)
 
   @staticmethod
   def randn(*shape, dtype=None, device=None, requires_grad=None) -> Tensor:
     shape = argfix(*shape)
     _check_shape(shape, "randn")
-    return Tensor._random(Tensor._rng.standard_normal(shape, dtype=np.float32), dtype, device, requires_grad)
+    return Tensor._random(lambda: Tensor._rng.standard_normal(shape, dtype=np.float32), dtype, device, requires_grad)
 
   @staticmethod
   def randint(low: int, high: int | None = None, size=(), dtype=None, device=None) -> Tensor:
@@ -212,12 +216,12 @@ class Tensor:
   @staticmethod
   def uniform(*shape, low: float = 0.0, high: float = 1.0, dtype=None, device=None, requires_grad=None) -> Tensor:
     shape = argfix(*shape)
-    return Tensor._random(Tensor._rng.uniform(low, high, shape), dtype, device, requires_grad)
+    return Tensor._random(lambda: Tensor._rng.uniform(low, high, shape), dtype, device, requires_grad)
 
   @staticmethod
   def normal(*shape, mean: float = 0.0, std: float = 1.0, dtype=None, device=None, requires_grad=None) -> Tensor:
     shape = argfix(*shape)
-    return Tensor._random(Tensor._rng.normal(mean, std, shape), dtype, device, requires_grad)
+    return Tensor._random(lambda: Tensor._rng.normal(mean, std, shape), dtype, device, requires_grad)
 
   @staticmethod
   def kaiming_uniform(*shape, a: float = 0.01, dtype=None, device=None, requires_grad=None) -> Tensor:
@@ -967,7 +971,7 @@ class Tensor:
     if not 0 <= p <= 1: raise ValueError(f"dropout: p must be in [0, 1], got {p}")
     if not Tensor.training or p == 0: return self
     if p == 1: return self * 0
-    keep = Tensor(Tensor._rng.random(self.shape) >= p, device=self.device)
+    keep = Tensor.rand(self.shape, device=self.device) >= p
     return keep.where(self, 0) * (1 / (1 - p))
 
   def layernorm(self, axis=-1, eps: float = 1e-5) -> Tensor:

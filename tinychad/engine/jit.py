@@ -29,6 +29,7 @@ class _Recording:
   def __init__(self):
     self.steps: list[tuple[Any, list[Buffer]]] = []      # (ScheduleItem or None for a copy, buffers)
     self.assigned: dict[int, tuple[Tensor, Buffer]] = {}  # id(tensor) -> (tensor, buffer before the call)
+    self.random: list[tuple[Buffer, Callable]] = []       # random buffers made in the call, and how to redraw them
 
 
 _active: _Recording | None = None
@@ -51,6 +52,11 @@ def note_assign(tensor: Tensor) -> None:
   for jit in _live_jits:
     if jit.recording is not None and id(base.realized) in jit.recording.external:
       jit.recording.rebound[id(base.realized)] = tensor
+
+
+def note_random(tensor: Tensor, redraw: Callable) -> None:
+  """Called by Tensor._random: a replay must draw new numbers, not reuse the recorded ones."""
+  if _active is not None: _active.random.append((tensor.lazydata.base.realized, redraw))
 
 
 def note_run(item, bufs: list[Buffer]) -> None:
@@ -125,14 +131,14 @@ class TinyJit:
     global _active
     recording = _Recording()
     _active = recording
-    schedule.capture = note_run
+    schedule.capture, Tensor.random_listener = note_run, note_random
     try:
       out = self.fn(*args, **kwargs)
       outs = _flatten(out)
       if outs: Tensor.realize(*outs)
     finally:
       _active = None
-      schedule.capture = None
+      schedule.capture, Tensor.random_listener = None, None
     for t in outs:
       if t.lazydata.base.realized is None:
         raise RuntimeError("TinyJit: a returned tensor was not computed by a kernel (a constant?); return computed tensors")
@@ -158,6 +164,7 @@ class TinyJit:
     for buf, *_ in rec.outputs: fresh[id(buf)] = Buffer(buf.device, buf.size, buf.dtype).allocate()
     for _, after, _, _ in rec.assigned_after: fresh[id(after)] = Buffer(after.device, after.size, after.dtype).allocate()
     swap.update(fresh)
+    for buf, redraw in rec.random: swap[id(buf)] = Buffer(buf.device, buf.size, buf.dtype).copyin(redraw())
     for item, bufs in rec.steps:
       mapped = [swap.get(id(b), b) for b in bufs]
       if item is None: mapped[0].copyin(mapped[1].as_numpy())
