@@ -30,6 +30,13 @@ class _Recording:
     self.steps: list[tuple[Any, list[Buffer]]] = []      # (ScheduleItem or None for a copy, buffers)
     self.assigned: dict[int, tuple[Tensor, Buffer]] = {}  # id(tensor) -> (tensor, buffer before the call)
     self.random: list[tuple[Buffer, Callable]] = []       # random buffers made in the call, and how to redraw them
+    # filled in when the call ends:
+    self.inputs: list[Buffer] = []                        # the argument tensors' buffers
+    self.outputs: list[tuple] = []                        # (buffer, base shape, view) of each returned tensor
+    self.assigned_after: list[tuple] = []                 # (tensor, buffer, base shape, view) after the call
+    self.structure: Any = None                            # what the function returned, to rebuild on replay
+    self.external: set[int] = set()                       # buffers read but not written by the recording
+    self.rebound: dict[int, Tensor] = {}                  # external buffer -> tensor assigned since, outside
 
 
 _active: _Recording | None = None
@@ -149,7 +156,6 @@ class TinyJit:
     # buffers the recording reads but did not write: tensors assigned later (outside) rebind them
     written = {id(bufs[0]) for _, bufs in recording.steps}
     recording.external = {id(b) for _, bufs in recording.steps for b in bufs[1:] if id(b) not in written}
-    recording.rebound = {}
     self.recording = recording
     _live_jits.add(self)
     return out

@@ -232,10 +232,13 @@ def run_schedule(items: list[ScheduleItem]) -> None:
   from tinychad.device import Buffer, Device
   start = time.perf_counter()
   kernels, debug = 0, DEBUG()
-  # a device that can build kernels ahead (several compiler processes at once) gets the whole list first
-  for device in {item.output.device for item in items if item.is_kernel}:
+  # a device that can build kernels ahead (several compiler processes at once) gets its whole list first
+  kernels_by_device: dict[str, list[ScheduleItem]] = {}
+  for item in items:
+    if item.is_kernel and item.output.size > 0: kernels_by_device.setdefault(item.output.device, []).append(item)
+  for device, device_items in kernels_by_device.items():
     prepare = getattr(Device[device], "prepare", None)
-    if prepare is not None: prepare([item for item in items if item.is_kernel and item.output.device == device and item.output.size > 0])
+    if prepare is not None: prepare(device_items)
   for item in items:
     out = item.output
     buf = Buffer(out.device, out.size, out.dtype).allocate()
