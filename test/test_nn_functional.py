@@ -30,6 +30,8 @@ CONV2D = [
   dict(x=(1, 3, 4, 4), w=(2, 3, 1, 1)),
   dict(x=(1, 1, 4, 4), w=(1, 1, 4, 4)),
   dict(x=(3, 6, 6), w=(2, 3, 3, 3)),
+  dict(x=(1, 2, 5, 5), w=(2, 2, 2, 2), padding=2),                        # padding beyond kernel-1: the input gradient crops
+  dict(x=(2, 2, 8, 9), w=(3, 2, 3, 3), stride=(2, 3), padding=(1, 0)),    # the last rows/columns reach no window
 ]
 
 

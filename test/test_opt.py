@@ -1,16 +1,24 @@
-"""The kernel optimizations: SIMD lanes, register tiles, several accumulators, threads.
+"""The kernel optimizations: SIMD lanes, register tiles, several accumulators, packed panels, threads.
 
 in: matmul, convolution and reduce shapes (odd sizes the tiles don't divide included), run on the
     compiled devices with the optimizations on and off (NOOPT) and with THREADS=1 and 2
 out: pass when every variant matches the NUMPY reference (float sums within tolerance, since partial
      sums reorder them; integers exactly), the matmul pattern gets a vector axis and a register tile,
-     and the thread split covers the loop exactly once.
+     a matmul operand read with a page-sized step is packed into panels (and no other), the tile's
+     loop runs inside the panel loop, and the thread split (native pool and Python fallback) covers
+     the loop exactly once.
 """
+import ctypes
 import numpy as np
 import pytest
 from tinychad import Tensor
-from tinychad.codegen import linearize
-from tinychad.engine.schedule import create_schedule
+from tinychad.codegen import linearize, UOps
+from tinychad.codegen.opt import panel_width
+from tinychad.dtype import dtypes
+from tinychad.engine.schedule import PACK_MIN_STRIDE_BYTES, create_schedule
+from tinychad.ops import BufferOps
+from tinychad.runtime import threads
+from tinychad.runtime.ops_cpu import compile_c
 from tinychad.runtime.threads import MIN_PARALLEL_WORK, chunks
 
 DEVICES = ["CPU", "LLVM"]
@@ -111,3 +119,72 @@ def test_chunks_cover_the_loop_once(extent, parts):
   assert len(ranges) == parts and ranges[0][0] == 0 and ranges[-1][1] == extent
   assert all(hi == lo for (_, hi), (lo, _) in zip(ranges, ranges[1:]))
   assert max(hi - lo for lo, hi in ranges) - min(hi - lo for lo, hi in ranges) <= 1
+
+
+# (m, k, n) of a @ b where b's rows are a page apart, so b is packed into panels
+PACKED_MATMULS = [(32, 64, PACK_MIN_STRIDE_BYTES // 4), (48, 40, 2 * PACK_MIN_STRIDE_BYTES // 4)]
+
+
+@pytest.mark.parametrize("m,k,n", PACKED_MATMULS, ids=[f"{m}x{k}x{n}" for m, k, n in PACKED_MATMULS])
+def test_packed_matmul(mode, m, k, n):
+  a, b = rng.standard_normal((m, k), dtype=np.float32), rng.standard_normal((k, n), dtype=np.float32)
+  _check(lambda x, y: x @ y, a, b)
+  # a fused elementwise consumer and a batch axis keep working through the split lane axis
+  _check(lambda x, y: (x @ y).relu() * 2, a, b)
+  _check(lambda x, y: x.reshape(2, m // 2, k) @ y, a, b)
+
+
+def _kernels(out: Tensor) -> list:
+  return [it for it in create_schedule([out.lazydata]) if it.is_kernel]
+
+
+def test_strided_operand_is_packed_into_panels(monkeypatch):
+  monkeypatch.setenv("NOOPT", "0")
+  m, k, n, p = 32, 64, PACK_MIN_STRIDE_BYTES // 4, panel_width(dtypes.float32)
+  a, b = Tensor.rand(m, k, device="NUMPY").realize(), Tensor.rand(k, n, device="NUMPY").realize()
+  pack, matmul = _kernels(a @ b)
+  # the packing kernel is a plain copy of b into (panel, k, lane) order
+  assert pack.inputs == (b.lazydata.base,) and pack.output.shape == (1, n // p, k, p) and pack.op_count == 0
+  assert matmul.inputs[1] is pack.output
+  # the matmul reads the panels with stride 1 across the lanes and p from one reduce step to the next
+  (load,) = [node for node in matmul.ast.walk() if node.op is BufferOps.LOAD and node.arg[0] == 2]
+  assert load.arg[1].views[0].strides == (0, k * p, 1, p)
+  # the register tile's loop runs inside the panel loop: threads split the panels
+  program = linearize(matmul.ast, matmul.name)
+  ranges = [u.arg for u in program.uops if u.op is UOps.RANGE]
+  assert ranges[0] == ("gidx1", n // p, True) and ranges[1][1] == m // 8 and program.parallel == n // p
+
+
+@pytest.mark.parametrize("m,k,n,noopt", [(32, 64, 256, "0"), (1, 64, 4096, "0"), (32, 64, 4096, "1")],
+                         ids=["short-rows", "no-reuse", "noopt"])
+def test_operand_not_packed(monkeypatch, m, k, n, noopt):
+  # rows closer than a page, a matrix-vector product (each element read once) and NOOPT: no copy
+  monkeypatch.setenv("NOOPT", noopt)
+  a, b = Tensor.rand(m, k, device="NUMPY").realize(), Tensor.rand(k, n, device="NUMPY").realize()
+  assert len(_kernels(a @ b)) == 1
+
+
+# the first piece is slow, so the other thread takes the rest of the first thread's block
+CHUNK_RECORDER = """#include <time.h>
+void record(long long* out, long long start, long long end) {
+  if (start == 0) nanosleep(&(struct timespec){0, 200000}, 0);
+  for (long long i = start; i < end; i++) out[i] += 1;
+}"""
+
+
+@pytest.mark.parametrize("extent", [2, 7, 1000])
+@pytest.mark.parametrize("native", [True, False], ids=["native-pool", "python-pool"])
+def test_thread_pool_runs_every_index_once(monkeypatch, extent, native):
+  monkeypatch.setenv("THREADS", "2")
+  if not native: monkeypatch.setattr(threads, "_native_pool", lambda: None)
+  fn = compile_c(CHUNK_RECORDER, "record").record
+  fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64], None
+  counts = np.zeros(extent, dtype=np.int64)
+  for _ in range(50): threads.run_parallel(fn, [counts.ctypes.data], extent, MIN_PARALLEL_WORK)
+  np.testing.assert_array_equal(counts, 50)
+
+
+def test_kernel_with_more_buffers_than_the_native_pool_takes(monkeypatch):
+  monkeypatch.setenv("THREADS", "2")
+  xs = [rng.standard_normal((256, 300), dtype=np.float32) for _ in range(threads.POOL_MAX_ARGS + 2)]
+  _check(lambda *ts: sum(ts[1:], ts[0]), *xs)

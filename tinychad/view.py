@@ -183,7 +183,9 @@ class ShapeTracker:
   def has_mask(self) -> bool: return any(v.mask is not None for v in self.views)
 
   def _replace_top(self, view: View) -> ShapeTracker:
-    return ShapeTracker(self.views[:-1] + (view,))
+    # a moved top view may now merge into the one below (e.g. a reshape that undoes the lower split)
+    if len(self.views) == 1: return ShapeTracker((view,))
+    return ShapeTracker(self.views[:-1] + (view,)).simplify()
 
   def permute(self, order: tuple[int, ...]) -> ShapeTracker: return self._replace_top(self.views[-1].permute(order))
   def expand(self, shape: Shape) -> ShapeTracker: return self._replace_top(self.views[-1].expand(shape))
@@ -209,8 +211,7 @@ class ShapeTracker:
       below, top = views[-2], views[-1]
       if below.contiguous:
         views.pop(-2)                         # an identity map on flat indices
-      # a contiguous top is a reshape of `below` only when it reads all of it (else it reads a prefix)
-      elif top.contiguous and prod(top.shape) == prod(below.shape) and (merged := below.reshape(top.shape)) is not None:
+      elif (merged := merge_views(below, top)) is not None:
         views[-2:] = [merged]
       else: break
     return ShapeTracker(tuple(views))
@@ -231,6 +232,57 @@ class ShapeTracker:
       if more_valid is False or valid is False: return index, False
       if more_valid is not None: valid = more_valid if valid is None else valid & more_valid
     return index, valid
+
+
+def _digits(flat: int, shape: Shape) -> list[int] | None:
+  """`flat` as one digit per axis of `shape` (mixed radix, sign carried by every digit), or None if too big."""
+  sign, rest, digits = (-1 if flat < 0 else 1), abs(flat), []
+  for size in reversed(shape):
+    digits.append(sign * (rest % size))
+    rest //= size
+  return None if rest else digits[::-1]
+
+
+@functools.lru_cache(maxsize=8192)
+def merge_views(below: View, top: View) -> View | None:
+  """One view that reads what `top` reads from the contiguous layout of `below`, or None.
+
+  Each axis of `top` moves the flat index by its stride; written as digits of below's shape, that is a
+  step in below's multi-index. If, over every valid index of `top`, those steps keep each digit inside
+  its axis (no carries), below's multi-index is affine in top's index, so the strides compose. below's
+  mask then becomes a range on the one top axis that moves each masked axis (two movers: no merge).
+  """
+  if 0 in top.shape: return View.create(top.shape)
+  if 0 in below.shape: return None
+  box = top.mask or tuple((0, s) for s in top.shape)
+  if any(lo >= hi for lo, hi in box): return View.create(top.shape, mask=box)
+  corner = top.offset + sum(lo * st for (lo, _), st in zip(box, top.strides))
+  origin = _digits(corner, below.shape)
+  if corner < 0 or origin is None: return None
+  steps = []
+  for (lo, hi), st in zip(box, top.strides):
+    step = _digits(st, below.shape) if hi - lo > 1 else [0] * len(below.shape)
+    if step is None: return None
+    steps.append(step)
+  for j, size in enumerate(below.shape):
+    low = origin[j] + sum(min(0, (hi - lo - 1) * step[j]) for (lo, hi), step in zip(box, steps))
+    high = origin[j] + sum(max(0, (hi - lo - 1) * step[j]) for (lo, hi), step in zip(box, steps))
+    if low < 0 or high >= size: return None
+  strides = [sum(d * bst for d, bst in zip(step, below.strides)) for step in steps]
+  offset = below.offset + sum(o * bst for o, bst in zip(origin, below.strides)) - sum(lo * st for (lo, _), st in zip(box, strides))
+  mask = [list(m) for m in box]
+  for j, (blo, bhi) in enumerate(below.mask or ()):
+    if (blo, bhi) == (0, below.shape[j]): continue
+    movers = [k for k, step in enumerate(steps) if step[j] != 0]
+    if not movers:
+      if not blo <= origin[j] < bhi: return View.create(top.shape, mask=((0, 0),) * len(top.shape))
+      continue
+    if len(movers) > 1: return None
+    k, d, base = movers[0], steps[movers[0]][j], box[movers[0]][0]
+    # digit j is origin[j] + (i - base) * d; keep the i where it lies in [blo, bhi)
+    first, end = (-((origin[j] - blo) // d), -((origin[j] - bhi) // d)) if d > 0 else ((origin[j] - bhi) // -d + 1, (origin[j] - blo) // -d + 1)
+    mask[k] = [max(mask[k][0], base + first), min(mask[k][1], base + end)]
+  return View.create(top.shape, tuple(strides), offset, tuple(tuple(m) for m in mask))
 
 
 @functools.lru_cache(maxsize=4096)

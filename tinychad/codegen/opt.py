@@ -17,9 +17,13 @@ The heuristics, in order (every choice needs the axis size to divide evenly, so 
     from strides alone, so convolutions and their gradients get it too;
   - more accumulators: a reduce with no register tile keeps several vector partial sums (latency);
   - loop order: with a register tile and a non-reduce vector axis, the vector axis's loop goes
-    outermost, so the panel of the operand that moves along it stays in cache while the other
-    axis sweeps.
-`NOOPT=1` returns plain loops (no lanes, natural order).
+    outermost, then the other axes along which the tile's shared load (stride 0 along the tile:
+    B in a matmul) moves, so the panel of B they select stays in cache while the tile axis sweeps
+    A under it. This matters once the scheduler packed B into panels (engine/schedule.py): the
+    vector axis is then split into (panel, lane) and the panel axis must stay outside the tile's.
+    Axes B doesn't move along keep their natural order (a convolution's batch axis stays
+    outermost: moving it inward would stride through the activations).
+`NOOPT=1` returns plain loops (no lanes, natural order); the scheduler then packs nothing either.
 """
 from __future__ import annotations
 import functools
@@ -35,7 +39,12 @@ SCALAR_ONLY_OPS = {UnaryOps.BITCAST}
 MIN_VECTOR_WIDTH = 4          # narrower vectors aren't worth their shuffles
 MIN_REDUCE_FOR_TILE = 16       # shorter reductions are not worth a register tile
 TILE_AMOUNTS = (8, 6, 4, 3, 2)       # register-tile unroll per reuse axis, first that divides wins
-MAX_TILE_ACCUMULATORS = 16     # vector accumulators a tile may hold (AVX-512 has 32 registers)
+# vector accumulators a tile may hold. AVX-512 has 32 registers, but on this Zen 5 a 12x32 fp32 tile
+# (24 accumulators) ran slower than 8x32 (157 vs 171 GFLOP/s, 2048, one thread, packed B): its 12
+# rows of A, a power of two apart, fall in one L1 set. 6x64 was faster (201), but 6 divides no
+# power-of-two size and there are no remainder loops.
+MAX_TILE_ACCUMULATORS = 16
+TILE_ROW_VECTORS = 2           # SIMD vectors along a non-reduce vector axis in a register tile
 
 
 @dataclass
@@ -62,6 +71,12 @@ def simd_bytes() -> int:
     flags = []
   if "avx512f" in flags: return 64
   return 32 if "avx2" in flags else 16
+
+
+def panel_width(dtype: DType) -> int:
+  """Elements in one row of a register tile along a non-reduce vector axis (TILE_ROW_VECTORS SIMD
+  vectors, see choose_opts): the width of the panels the scheduler packs a strided operand into."""
+  return TILE_ROW_VECTORS * simd_bytes() // dtype.itemsize
 
 
 def _contiguous_along(leaf: LeafAccess, d: int, reduce_dim: bool) -> str | None:
@@ -93,6 +108,15 @@ def _reuse_axes(dims: list[tuple[int, bool]], leaves: list[LeafAccess], skip: in
   return axes
 
 
+def _panel_axes(dims: list[tuple[int, bool]], leaves: list[LeafAccess], tile: list[int], vec: int) -> list[int]:
+  """Non-reduce axes besides the vector axis along which a load shared by the tile (stride 0 along
+  every tile axis: B in a matmul) moves: with the vector axis they pick the panel of B that the tile
+  axes sweep over (a matmul whose B was packed has its vector axis split in two, and both go here)."""
+  shared = [leaf for leaf in leaves if leaf.is_load and leaf.below_reduce and all(leaf.strides[d] == 0 for d in tile)]
+  return [d for d, (_, r) in enumerate(dims) if not r and d != vec and d not in tile
+          and any(leaf.strides[d] != 0 for leaf in shared)]
+
+
 def choose_opts(dims: list[tuple[int, bool]], leaves: list[LeafAccess], dtypes_used: set[DType], ops_used: set[Op]) -> Opts:
   opts = Opts(order=[d for d, (_, r) in enumerate(dims) if not r])
   if getenv("NOOPT", 0): return opts
@@ -109,7 +133,8 @@ def choose_opts(dims: list[tuple[int, bool]], leaves: list[LeafAccess], dtypes_u
   if reduce_size < MIN_REDUCE_FOR_TILE or all(not r for _, r in dims): return opts
   # without a vector axis the tile is scalar accumulators, which still share every load they can
   vec_is_reduce = vec is not None and dims[vec][1]
-  if vec is not None and not vec_is_reduce and dims[vec][0] % (2 * width) == 0: opts.upcast[vec] = 2 * width
+  if vec is not None and not vec_is_reduce and dims[vec][0] % (TILE_ROW_VECTORS * width) == 0:
+    opts.upcast[vec] = TILE_ROW_VECTORS * width
   budget = MAX_TILE_ACCUMULATORS // (opts.upcast[vec] // width if vec is not None else 1)
   tile = []
   for d in _reuse_axes(dims, leaves, vec)[:2]:
@@ -118,5 +143,7 @@ def choose_opts(dims: list[tuple[int, bool]], leaves: list[LeafAccess], dtypes_u
     opts.upcast[d], budget = amount, budget // amount
     tile.append(d)
   if not tile and vec_is_reduce and dims[vec][0] % (4 * width) == 0: opts.upcast[vec] = 4 * width
-  if tile and vec is not None and not vec_is_reduce: opts.order = [vec] + [d for d in opts.order if d != vec]
+  if tile and vec is not None and not vec_is_reduce:
+    panel = _panel_axes(dims, leaves, tile, vec)
+    opts.order = [vec] + panel + [d for d in opts.order if d != vec and d not in panel]
   return opts

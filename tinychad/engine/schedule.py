@@ -14,15 +14,30 @@ Fusion rules, in order:
   - a reduce is inlined into its single elementwise consumer when that consumer reads it through a
     plain contiguous view; then the consumer runs in the reduce's output space;
   - a kernel holds at most one reduce; any other reduce it needs is realized first.
+After fusion, one layout rule (off with NOOPT=1):
+  - a realized operand that a reduce reads with a large step along a reduce axis (a row of B in a
+    matmul: one page and one L1 set per step), contiguously along a non-reduce axis and many times
+    over (stride 0 along another axis) is first copied into panels, by a kernel of its own made of
+    movement ops + contiguous: panel p holds columns [p*P, (p+1)*P) for every reduce index, so the
+    register tile reads one contiguous stream (P = opt.panel_width, one tile row). The consumer's
+    lane axis is split into (panels, P) to read it through a single view.
 """
 from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 import time
+from tinychad.codegen.opt import panel_width
 from tinychad.helpers import DEBUG, GlobalCounters, getenv, prod
 from tinychad.lazy import LazyBuffer
+from tinychad.codegen.refine import refine_kernel_shape
 from tinychad.ops import BufferOps, KernelNode, LoadOps, ReduceOps, ALU_OPS
 from tinychad.view import ShapeTracker
+
+# a reduce step of at least this many bytes puts every read on its own 4 KiB page, in the same L1 set
+# (48 KiB, 12 ways: one way is 4 KiB), so a panel of B can't stay in L1 or the TLB: pack it
+PACK_MIN_STRIDE_BYTES = 4096
+# packing reads and writes the operand once; it pays off when the kernel reads it this many times over
+PACK_MIN_REUSE = 16
 
 
 @dataclass
@@ -84,6 +99,7 @@ class _Scheduler:
     self.forced: set[LazyBuffer] = set()
     self.uses: Counter = Counter()
     self._cheap_memo: dict[LazyBuffer, bool] = {}
+    self.packed: dict[tuple[LazyBuffer, ShapeTracker], LazyBuffer] = {}   # (operand, its view) -> its panels
     self._count_uses([o.base for o in outs])
 
   def _count_uses(self, roots: list[LazyBuffer]) -> None:
@@ -134,7 +150,8 @@ class _Scheduler:
       self.items.append(ScheduleItem(KernelNode(LoadOps.COPY), base, (src,)))
     else:
       builder = _KernelBuilder(self, base)
-      ast = builder.kernel()
+      ast = refine_kernel_shape(builder.kernel())
+      if builder.fused_reduce is not None and not getenv("NOOPT", 0): ast = builder.pack_strided_loads(ast)
       self.items.append(ScheduleItem(ast, base, tuple(builder.inputs)))
 
 
@@ -162,6 +179,53 @@ class _KernelBuilder:
       out_shape = self.fused_reduce.shape
       body = _reshape_outside_reduce(body, out_shape)
     return KernelNode(BufferOps.STORE, (body,), (0, ShapeTracker.from_shape(out_shape)), out.dtype)
+
+  def pack_strided_loads(self, ast: KernelNode) -> KernelNode:
+    """The kernel with every operand that _lane_to_pack picks read from its panels instead (see the
+    module docstring), its lane axes split into (panels, P), and its inputs renumbered."""
+    reduce = next(n for n in ast.walk() if isinstance(n.op, ReduceOps))
+    axes, full = reduce.arg
+    lanes = {n: lane for n in reduce.walk() if n.op is BufferOps.LOAD
+             if (lane := _lane_to_pack(n, axes, full, panel_width(n.dtype))) is not None}
+    if not lanes: return ast
+    splits = {lane: panel_width(n.dtype) for n, lane in lanes.items()}
+    old_inputs, self.inputs = self.inputs, []
+    packed = {n: _split_axis(lane, splits) for n, lane in lanes.items()}
+    return self.split_lanes(ast, splits, tuple(_split_axis(a, splits) for a in axes), packed, old_inputs)
+
+  def split_lanes(self, node: KernelNode, splits: dict[int, int], reduce_axes: tuple[int, ...],
+                  packed: dict[KernelNode, int], old_inputs: list[LazyBuffer]) -> KernelNode:
+    """`node` rebuilt over the shape with the axes in `splits` split (the reduce's axes are then
+    `reduce_axes`); the loads in `packed` (with their split lane axis) read panels. A method, not a
+    closure: a recursive closure is a reference cycle that would keep this kernel's output alive
+    (through self) until the garbage collector runs, so the memory pool could not reuse it."""
+    if node.op in (BufferOps.LOAD, BufferOps.CONST):
+      st = node.arg[1].reshape(_split_shape(node.arg[1].shape, splits))
+      if node.op is BufferOps.CONST: return KernelNode(node.op, (), (node.arg[0], st), node.dtype)
+      base = old_inputs[node.arg[0] - 1]
+      return self.load_panels(base, st, packed[node], reduce_axes) if node in packed else self.load(base, st)
+    srcs = tuple(self.split_lanes(s, splits, reduce_axes, packed, old_inputs) for s in node.srcs)
+    if isinstance(node.op, ReduceOps):
+      return KernelNode(node.op, srcs, (reduce_axes, _split_shape(node.arg[1], splits)), node.dtype)
+    if node.op is BufferOps.STORE:
+      return KernelNode(node.op, srcs, (node.arg[0], node.arg[1].reshape(_split_shape(node.arg[1].shape, splits))), node.dtype)
+    return KernelNode(node.op, srcs, node.arg, node.dtype)
+
+  def load_panels(self, base: LazyBuffer, st: ShapeTracker, lane: int, reduce_axes: tuple[int, ...]) -> KernelNode:
+    """A LOAD of `base`'s panels for a kernel that reads base through `st`, whose lane axis is split
+    into (panels, P) at (lane, lane+1): the panels are base's elements in the order (other kept axes,
+    panel, reduce axes, P), so one tile row (P lanes) at consecutive reduce steps is one stream."""
+    shape, strides = st.shape, st.views[0].strides
+    # the broadcast axes (stride 0) are not materialized: the panels hold each element once
+    kept = st.shrink(tuple((0, 1) if stride == 0 else (0, s) for s, stride in zip(shape, strides)))
+    outer = [a for a in range(len(shape)) if a not in reduce_axes and a not in (lane, lane + 1)]
+    order = tuple(outer + [lane] + list(reduce_axes) + [lane + 1])
+    key = (base, kept)
+    if key not in self.scheduler.packed:
+      self.scheduler.packed[key] = LazyBuffer(base.device, kept, base.dtype, base=base).permute(order).contiguous()
+    panels = self.scheduler.packed[key]
+    inverse = tuple(order.index(a) for a in range(len(order)))
+    return self.load(panels, ShapeTracker.from_shape(panels.shape).permute(inverse).expand(shape))
 
   def reduce_node(self, base: LazyBuffer) -> KernelNode:
     src = self.build(base.srcs[0], None)
@@ -199,6 +263,29 @@ class _KernelBuilder:
 def _plain(st: ShapeTracker, base: LazyBuffer) -> bool:
   """True when `st` reads all of base's buffer in order (a reshape at most)."""
   return st.contiguous and prod(st.shape) == base.size
+
+
+def _lane_to_pack(load: KernelNode, reduce_axes: tuple[int, ...], full: tuple[int, ...], panel: int) -> int | None:
+  """The lane axis (stride 1, a multiple of `panel` long) along which `load` should be packed into
+  panels, or None: packing needs one plain view that steps far along a reduce axis and is reused."""
+  st = load.arg[1]
+  if len(st.views) != 1 or st.views[0].mask is not None: return None
+  strides, itemsize = st.views[0].strides, load.dtype.itemsize
+  if not any(a in reduce_axes and abs(strides[a]) * itemsize >= PACK_MIN_STRIDE_BYTES for a in range(len(full))): return None
+  if prod(s for a, s in enumerate(full) if a not in reduce_axes and strides[a] == 0) < PACK_MIN_REUSE: return None
+  return next((a for a, s in enumerate(full) if a not in reduce_axes and strides[a] == 1 and s % panel == 0), None)
+
+
+def _split_axis(axis: int, splits: dict[int, int]) -> int:
+  """Where `axis` lands once every axis in `splits` is split in two."""
+  return axis + sum(1 for a in splits if a < axis)
+
+
+def _split_shape(shape: tuple[int, ...], splits: dict[int, int]) -> tuple[int, ...]:
+  """`shape` with each axis a in `splits` split into (shape[a] // P, P)."""
+  out: list[int] = []
+  for a, s in enumerate(shape): out += [s // splits[a], splits[a]] if a in splits else [s]
+  return tuple(out)
 
 
 def _reshape_outside_reduce(node: KernelNode, shape: tuple[int, ...]) -> KernelNode:

@@ -6,7 +6,10 @@ multiplied by the weight and summed: one reduce kernel, no im2col copy.
 """
 from __future__ import annotations
 import math
-from tinychad.dtype import dtypes
+from dataclasses import dataclass
+from tinychad.dtype import dtypes, promote_types
+from tinychad.function import Function
+from tinychad.lazy import LazyBuffer
 from tinychad.tensor import Tensor, _shape_str
 
 
@@ -50,32 +53,145 @@ def _padding_pairs(padding, kernel, dilation, n: int, op: str) -> tuple[tuple[in
   return tuple((p, p) for p in _tuple(padding, n, "padding", op))
 
 
+@dataclass(frozen=True)
+class ConvGeometry:
+  stride: tuple[int, ...]
+  pads: tuple[tuple[int, int], ...]      # (before, after) per spatial dim
+  dilation: tuple[int, ...]
+  groups: int
+
+
+def _window_product(x: Tensor, weight: Tensor, geo: ConvGeometry) -> Tensor:
+  """The convolution itself: windows of the padded input times the weight, summed. (bs, cin, *in) -> (bs, cout, *out)
+
+  The sum is laid out channels-last, (bs, *out, cout), and returned as a permuted view: output channels
+  are then the contiguous axis of both the result and a (channels-last) copy of the weight, while the
+  input is the same along it, so SIMD lanes run over output channels for any image width, and each
+  weight vector is reused across neighbouring output positions (the same register tile as a matmul).
+  """
+  n, bs = len(geo.stride), x.shape[0]
+  cout, cin_group = weight.shape[:2]
+  kernel = weight.shape[2:]
+  if any(p != (0, 0) for p in geo.pads):
+    # a padded read is a masked load, which the code generator can only do lane by lane; a dense
+    # padded copy costs one pass over the input and lets the window reduction run in SIMD
+    x = x.pad(((0, 0), (0, 0)) + geo.pads).contiguous()
+  windows = pool_windows(x, kernel, geo.stride, geo.dilation)                 # (bs, cin, *out, *kernel)
+  outs = windows.shape[2:2 + n]
+  out_group = cout // geo.groups
+  # windows as (bs, *out, groups, 1, cin_group, *kernel), weight as (1, *1, groups, out_group, cin_group, *kernel)
+  windows = windows.reshape((bs, geo.groups, cin_group) + outs + kernel)
+  windows = windows.permute((0,) + tuple(3 + i for i in range(n)) + (1, 2) + tuple(3 + n + i for i in range(n)))
+  windows = windows.reshape((bs,) + outs + (geo.groups, 1, cin_group) + kernel)
+  w = weight.reshape((geo.groups, out_group, cin_group) + kernel)
+  w = w.permute((0, 2) + tuple(3 + i for i in range(n)) + (1,)).contiguous()    # (groups, cin_group, *kernel, out_group)
+  w = w.permute((0, 2 + n, 1) + tuple(2 + i for i in range(n))).reshape((1,) * (1 + n) + (geo.groups, out_group, cin_group) + kernel)
+  out = (windows * w).sum(tuple(range(-1 - n, 0))).reshape((bs,) + outs + (cout,))
+  # back to (bs, cout, *out) in memory: consumers (pooling, the next convolution) read NCHW without index math
+  return out.permute((0, n + 1) + tuple(1 + i for i in range(n))).contiguous()
+
+
+def _spread(x: Tensor, stride: tuple[int, ...]) -> Tensor:
+  """(bs, c, *spatial) with stride-1 zeros between neighbours: the input of a transposed convolution."""
+  if all(s == 1 for s in stride): return x
+  bs, c, spatial = x.shape[0], x.shape[1], x.shape[2:]
+  x = x.reshape((bs, c) + tuple(v for i in spatial for v in (i, 1)))
+  x = x.pad(((0, 0), (0, 0)) + tuple(p for s in stride for p in ((0, 0), (0, s - 1))))
+  x = x.reshape((bs, c) + tuple(i * s for i, s in zip(spatial, stride)))
+  return x.shrink(((0, bs), (0, c)) + tuple((0, (i - 1) * s + 1) for i, s in zip(spatial, stride)))
+
+
+def _flipped_transposed(weight: Tensor, groups: int) -> Tensor:
+  """(cout, cin/groups, *k) -> (cin, cout/groups, *k) with every kernel flipped: the weight of the transposed convolution."""
+  cout, cin_group = weight.shape[:2]
+  kernel = weight.shape[2:]
+  w = weight.reshape((groups, cout // groups, cin_group) + kernel).transpose(1, 2)
+  return w.flip(*range(3, 3 + len(kernel))).reshape((groups * cin_group, cout // groups) + kernel)
+
+
+# a channels-last copy of the output gradient pays for itself when each of its elements feeds this
+# many multiply-adds of the weight gradient (cin/groups * kernel size); below, the copy costs more
+CHANNELS_LAST_GRAD_MIN_WORK = 128
+
+
+def _weight_gradient(windows: Tensor, grad: Tensor, groups: int, out_group: int) -> Tensor:
+  """Windows (bs, groups, cin_group, *out, *kernel) times the output gradient (bs, cout, *out), summed over
+  batch and positions: (groups, out_group, cin_group, *kernel), as a view."""
+  bs, cin_group = windows.shape[0], windows.shape[2]
+  n = (windows.ndim - 3) // 2
+  outs, kernel = windows.shape[3:3 + n], windows.shape[3 + n:]
+  # (bs, *out) go last, to be reduced
+  windows = windows.permute((1, 2) + tuple(3 + n + i for i in range(n)) + (0,) + tuple(3 + i for i in range(n)))
+  if cin_group * math.prod(kernel) < CHANNELS_LAST_GRAD_MIN_WORK:
+    # outputs (groups, out_group, cin_group, *kernel): SIMD lanes run along the output width, a reduce axis
+    windows = windows.reshape((groups, 1, cin_group) + kernel + (bs,) + outs)
+    grad_r = grad.reshape((bs, groups, out_group) + outs).permute((1, 2, 0) + tuple(3 + i for i in range(n)))
+    return (windows * grad_r.reshape((groups, out_group, 1) + (1,) * n + (bs,) + outs)).sum(tuple(range(-1 - n, 0)))
+  # outputs (groups, cin_group, *kernel, out_group): like the forward, SIMD lanes run over output channels,
+  # contiguous in a channels-last copy of the gradient, and each gradient vector serves several weights
+  windows = windows.reshape((groups, cin_group) + kernel + (1, bs) + outs)
+  grad_cl = grad.permute((0,) + tuple(2 + i for i in range(n)) + (1,)).contiguous().reshape((bs,) + outs + (groups, out_group))
+  grad_cl = grad_cl.permute((1 + n, 2 + n, 0) + tuple(1 + i for i in range(n)))
+  grad_cl = grad_cl.reshape((groups, 1) + (1,) * n + (out_group, bs) + outs)
+  out = (windows * grad_cl).sum(tuple(range(-1 - n, 0)))
+  return out.permute((0, 2 + n, 1) + tuple(2 + i for i in range(n)))
+
+
+class Conv(Function):
+  """A convolution as one autograd node, so that its backward is made of convolutions too (as in PyTorch).
+
+  Left to the movement ops' own rules, the input gradient would scatter-add overlapping windows back
+  into place, a kernel whose index math (div/mod through stacked views) can't be vectorized. Here:
+    input gradient  = the output gradient, spread by the stride, convolved with the flipped weight;
+    weight gradient = the input's windows times the output gradient, summed over batch and positions.
+  Both are window reductions like the forward. (No second derivatives: backward builds no graph.)
+  """
+  def forward(self, x: LazyBuffer, weight: LazyBuffer, geo: ConvGeometry) -> LazyBuffer:
+    self.x, self.weight, self.geo = Tensor(x, requires_grad=False), Tensor(weight, requires_grad=False), geo
+    return _window_product(self.x, self.weight, geo).lazydata
+
+  def backward(self, grad_lazy: LazyBuffer) -> tuple[LazyBuffer | None, LazyBuffer | None]:
+    grad, geo, n = Tensor(grad_lazy, requires_grad=False), self.geo, len(self.geo.stride)
+    kernel, outs = self.weight.shape[2:], grad.shape[2:]
+    grad_x = grad_w = None
+    if self.needs_input_grad[0]:
+      # pad the spread gradient so the "full" correlation lands exactly on the unpadded input
+      spread = _spread(grad, geo.stride)
+      pads = []
+      for size, k, d, (before, after), o, s in zip(self.x.shape[2:], kernel, geo.dilation, geo.pads, outs, geo.stride):
+        uncovered = size + before + after - ((o - 1) * s + d * (k - 1) + 1)     # trailing rows no window reached
+        pads.append((d * (k - 1) - before, d * (k - 1) - after + uncovered))
+      grad_x = _window_product(spread, _flipped_transposed(self.weight, geo.groups),
+                               ConvGeometry((1,) * n, tuple(pads), geo.dilation, geo.groups)).lazydata
+    if self.needs_input_grad[1]:
+      bs, cin = self.x.shape[:2]
+      cout, cin_group = self.weight.shape[:2]
+      out_group = cout // geo.groups
+      windows = pool_windows(self.x.pad(((0, 0), (0, 0)) + geo.pads), kernel, geo.stride, geo.dilation)
+      windows = windows.reshape((bs, geo.groups, cin_group) + outs + kernel)
+      grad_w = _weight_gradient(windows, grad, geo.groups, out_group).reshape(self.weight.shape).lazydata
+    return grad_x, grad_w
+
+
 def conv(x: Tensor, weight: Tensor, bias: Tensor | None, stride, padding, dilation, groups: int, n: int, op: str) -> Tensor:
   unbatched = x.ndim == n + 1
   if unbatched: x = x.unsqueeze(0)
   if x.ndim != n + 2 or weight.ndim != n + 2:
     raise ValueError(f"{op}: expected input of {n + 2} dims and weight of {n + 2} dims, got input {_shape_str(x.shape)} ({x.dtype}) and weight {_shape_str(weight.shape)} ({weight.dtype})")
-  bs, cin = x.shape[:2]
+  cin = x.shape[1]
   cout, cin_group = weight.shape[:2]
   kernel = weight.shape[2:]
   if groups <= 0 or cin % groups or cout % groups or cin // groups != cin_group:
     raise ValueError(f"{op}: input {_shape_str(x.shape)} has {cin} channels but weight {_shape_str(weight.shape)} expects {cin_group}x{groups} groups")
   stride, dilation = _tuple(stride, n, "stride", op), _tuple(dilation, n, "dilation", op)
   pads = _padding_pairs(padding, kernel, dilation, n, op)
-  x = x.pad(((0, 0), (0, 0)) + pads)
-  for size, k, d in zip(x.shape[2:], kernel, dilation):
-    if size < d * (k - 1) + 1:
-      raise ValueError(f"{op}: kernel {_shape_str(kernel)} (dilation {dilation}) is larger than the padded input {_shape_str(x.shape)}")
-  windows = pool_windows(x, kernel, stride, dilation)                        # (bs, cin, *out, *kernel)
-  outs = windows.shape[2:2 + n]
-  out_group = cout // groups
-  windows = windows.reshape((bs, groups, cin_group, 1) + outs + kernel)
-  windows = windows.expand((bs, groups, cin_group, out_group) + outs + kernel)
-  # (bs, groups, out_group, *out, cin_group, *kernel): reduce over the last 1+n axes
-  order = (0, 1, 3) + tuple(4 + i for i in range(n)) + (2,) + tuple(4 + n + i for i in range(n))
-  windows = windows.permute(order)
-  w = weight.reshape((1, groups, out_group) + (1,) * n + (cin_group,) + kernel)
-  out = (windows * w).sum(tuple(range(-1 - n, 0)), keepdim=True).reshape((bs, cout) + outs)
+  for size, (before, after), k, d in zip(x.shape[2:], pads, kernel, dilation):
+    if size + before + after < d * (k - 1) + 1:
+      raise ValueError(f"{op}: kernel {_shape_str(kernel)} (dilation {dilation}) is larger than the padded input {_shape_str(x.shape)} with padding {pads}")
+  if x.dtype != weight.dtype:
+    common = promote_types(x.dtype, weight.dtype)
+    x, weight = x.cast(common), weight.cast(common)
+  out = Conv.apply(x, weight, geo=ConvGeometry(stride, pads, dilation, groups))
   if bias is not None: out = out + bias.reshape((1, -1) + (1,) * n)
   return out.squeeze(0) if unbatched else out
 
@@ -93,16 +209,22 @@ def conv_transpose(x: Tensor, weight: Tensor, bias: Tensor | None, stride, paddi
     raise ValueError(f"{op}: input {_shape_str(x.shape)} has {x.shape[1]} channels, weight {_shape_str(weight.shape)} expects {cin}")
   stride, dilation = _tuple(stride, n, "stride", op), _tuple(dilation, n, "dilation", op)
   padding, output_padding = _tuple(padding, n, "padding", op), _tuple(output_padding, n, "output_padding", op)
-  bs, spatial = x.shape[0], x.shape[2:]
-  if any(s > 1 for s in stride):
-    x = x.reshape((bs, cin) + tuple(v for i in spatial for v in (i, 1)))
-    x = x.pad(((0, 0), (0, 0)) + tuple(p for s in stride for p in ((0, 0), (0, s - 1))))
-    x = x.reshape((bs, cin) + tuple(i * s for i, s in zip(spatial, stride)))
-    x = x.shrink(((0, bs), (0, cin)) + tuple((0, (i - 1) * s + 1) for i, s in zip(spatial, stride)))
-  w = weight.reshape((groups, cin // groups, out_group) + kernel).transpose(1, 2)
-  w = w.flip(*range(3, 3 + n)).reshape((groups * out_group, cin // groups) + kernel)
+  x, w = _spread(x, stride), _flipped_transposed(weight, groups)
   pads = tuple((d * (k - 1) - p, d * (k - 1) - p + op_) for k, d, p, op_ in zip(kernel, dilation, padding, output_padding))
   return conv(x, w, bias, 1, pads, dilation, groups, n, op)
+
+
+def _pool(x: Tensor, kernel: tuple[int, ...], stride: tuple[int, ...], dilation: tuple[int, ...], reduce) -> Tensor:
+  """`reduce` (Tensor.max or Tensor.sum) over every window of the last len(kernel) dims."""
+  n = len(kernel)
+  if kernel != stride or any(d != 1 for d in dilation):
+    return reduce(pool_windows(x, kernel, stride, dilation), tuple(range(-n, 0)))
+  # non-overlapping windows: reduce the (out, kernel) split in place, without pool_windows' permute, so
+  # the gradient (the result expanded over each window) is an affine view of a contiguous layout
+  lead, outs = x.shape[:-n], [size // k for size, k in zip(x.shape[-n:], kernel)]
+  x = x.shrink(tuple((0, s) for s in lead) + tuple((0, o * k) for o, k in zip(outs, kernel)))
+  x = x.reshape(lead + tuple(v for o, k in zip(outs, kernel) for v in (o, k)))
+  return reduce(x, tuple(len(lead) + 2 * i + 1 for i in range(n)))
 
 
 def max_pool(x: Tensor, kernel_size, stride, padding, dilation, n: int) -> Tensor:
@@ -114,7 +236,7 @@ def max_pool(x: Tensor, kernel_size, stride, padding, dilation, n: int) -> Tenso
   pads = _padding_pairs(padding, kernel, dilation, n, op)
   fill = -math.inf if x.dtype.is_float else int(-2 ** (8 * x.dtype.itemsize - 1))
   x = x.pad(((0, 0),) * (x.ndim - n) + pads, value=fill)
-  return pool_windows(x, kernel, stride, dilation).max(tuple(range(-n, 0)))
+  return _pool(x, kernel, stride, dilation, Tensor.max)
 
 
 def avg_pool(x: Tensor, kernel_size, stride, padding, count_include_pad: bool, n: int) -> Tensor:
@@ -123,10 +245,9 @@ def avg_pool(x: Tensor, kernel_size, stride, padding, count_include_pad: bool, n
   kernel = _tuple(kernel_size, n, "kernel_size", op)
   stride = kernel if stride is None else _tuple(stride, n, "stride", op)
   pads = ((0, 0),) * (x.ndim - n) + _padding_pairs(padding, kernel, (1,) * n, n, op)
-  axes = tuple(range(-n, 0))
-  total = pool_windows(x.pad(pads), kernel, stride, (1,) * n).sum(axes)
+  total = _pool(x.pad(pads), kernel, stride, (1,) * n, Tensor.sum)
   if count_include_pad: return total / math.prod(kernel)
-  counts = pool_windows(Tensor.ones(x.shape[-n:], device=x.device).pad(pads[-n:]), kernel, stride, (1,) * n).sum(axes)
+  counts = _pool(Tensor.ones(x.shape[-n:], device=x.device).pad(pads[-n:]), kernel, stride, (1,) * n, Tensor.sum)
   return total / counts
 
 

@@ -93,6 +93,22 @@ POLY_MATH = {
 }
 
 
+def _select_max(name: str, ctype: str, itype: str) -> str:
+  return f"""static inline {ctype} {name}({ctype} a, {ctype} b) {{
+  // max with NaN winning, as a SIMD compare-and-select in lane 0: written as a scalar ternary, gcc
+  // compiles a max (a ReLU, a max-pool) into a branch on the data, which mispredicts half the time
+  typedef {ctype} vf __attribute__((vector_size(16)));
+  typedef {itype} vi __attribute__((vector_size(16)));
+  vf va = {{a}}, vb = {{b}};
+  vi keep_a = (va > vb) | (va != va);
+  return ((vf)(((vi)va & keep_a) | ((vi)vb & ~keep_a)))[0];
+}}"""
+
+
+SCALAR_MAX = {dtypes.float32: ("tc_maxf", _select_max("tc_maxf", "float", "int")),
+              dtypes.float64: ("tc_max", _select_max("tc_max", "double", "long long"))}
+
+
 def _is_safe_divisor(u: UOp) -> bool:
   return u.op is UOps.CONST and u.arg not in (0, -1)
 
@@ -138,9 +154,13 @@ class CRenderer:
       bad = f"{s[1]}==0" + (f" || {s[1]}==-1" if not dt.is_unsigned else "")
       return f"({bad} ? 0 : {s[0]}%{s[1]})"
     if op is BinaryOps.MAX:
-      # NaN wins, as in numpy.maximum
-      nan = f" || {s[0]}!={s[0]}" if sdt.is_float else ""
-      return f"({s[0]}>{s[1]}{nan}) ? {s[0]} : {s[1]}"
+      if not sdt.is_float: return f"({s[0]}>{s[1]}) ? {s[0]} : {s[1]}"
+      if u.vec == 1 and sdt in SCALAR_MAX:
+        name, definition = SCALAR_MAX[sdt]
+        self.helpers[name] = definition
+        return f"{name}({s[0]}, {s[1]})"
+      # NaN wins, as in numpy.maximum (in a lane loop gcc turns this select into a vector blend)
+      return f"{s[0]}!={s[0]} ? {s[0]} : ({s[0]}>{s[1]} ? {s[0]} : {s[1]})"
     if op is TernaryOps.WHERE: return f"{s[0]} ? {s[1]} : {s[2]}"
     raise NotImplementedError(f"C renderer has no rule for {op}")
 

@@ -2,24 +2,178 @@
 
 in: a native function taking (buffer pointers..., start, end), the extent of its parallel loop and
     the kernel's total work (points of its iteration space)
-out: the function called once per chunk of [0, extent), the chunks on a persistent thread pool.
-ctypes drops the GIL for the duration of a foreign call, so the chunks really run at once. Kernels
-with less than MIN_PARALLEL_WORK points run on the calling thread: waking a worker costs tens of
-microseconds, more than a small kernel takes. `THREADS` sets the thread count (default: all cores).
+out: the function called once per chunk of [0, extent), the chunks on persistent worker threads
+     and the calling thread. Each index is computed by exactly one call, so the results don't
+     depend on the thread count or on which thread ran what.
+The workers live in a small C library (POOL_SOURCE, compiled once like a kernel): one ctypes call
+hands the kernel's address and arguments over, the workers call the kernel directly, and the caller
+spins until they are done. Waking a Python thread per chunk instead (ThreadPoolExecutor, the
+fallback when no C compiler exists or a kernel has more than POOL_MAX_ARGS buffers) costs ~80 us per
+kernel and starts the second half of a matmul that much late. The native pool cuts the loop into
+CHUNKS_PER_THREAD pieces per thread: each thread runs its own contiguous block of pieces, then takes
+pieces left in the others', so a core shared with another process does less instead of holding
+up the whole kernel. Workers spin for SPIN_NS after a kernel, so the next kernel of a
+step starts at once, then sleep on a condition variable.
+Kernels with less than MIN_PARALLEL_WORK points run on the calling thread: even a spinning worker
+costs a cache-line round trip, more than a tiny kernel takes. `THREADS` sets the thread count
+(default: all cores).
 """
 from __future__ import annotations
+import ctypes
+import functools
 import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 from tinychad.helpers import getenv
 
 MIN_PARALLEL_WORK = 1 << 16
+POOL_MAX_ARGS = 32          # buffers a kernel may take and still run on the native pool
+POOL_MAX_THREADS = 64
+SPIN_NS = 300_000           # a training step's Python work between two kernels is ~30-100 us
+CHUNKS_PER_THREAD = 4       # pieces of the parallel loop per thread: enough to rebalance, few enough to stay coarse
 
-_pool: ThreadPoolExecutor | None = None
+
+def _call_cases() -> str:
+  """One `case n:` per buffer count: the kernel called with exactly its own signature."""
+  cases = []
+  for n in range(1, POOL_MAX_ARGS + 1):
+    params = ", ".join(["void*"] * n + ["long long", "long long"])
+    args = ", ".join([f"a[{i}]" for i in range(n)] + ["s", "e"])
+    cases.append(f"    case {n}: ((void (*)({params}))fn)({args}); break;")
+  return "\n".join(cases)
+
+
+POOL_SOURCE = """#include <pthread.h>
+#include <stdatomic.h>
+#include <time.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define relax() _mm_pause()
+#else
+#define relax() ((void)0)
+#endif
+
+static void call(void* fn, void** a, int n, long long s, long long e) {
+  switch (n) {
+%CASES%
+  }
+}
+
+// the job of one generation; written by the caller before it bumps `generation`
+static void* job_fn;
+static void** job_args;
+static int job_nargs, job_parts, job_chunks;
+static long long job_extent;
+static atomic_int generation, done;
+static atomic_int taken[%MAX_THREADS%];   // pieces claimed so far in each thread's block
+static int workers, fork_handler_set;
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t wake = PTHREAD_COND_INITIALIZER;
+static pthread_mutex_t one_job = PTHREAD_MUTEX_INITIALIZER;   // callers from several Python threads take turns
+
+static long long now_ns(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return t.tv_sec * 1000000000LL + t.tv_nsec;
+}
+
+// [0, extent) is cut into `job_chunks` nearly equal pieces (as chunks() in Python), and the pieces
+// into one contiguous block per thread. Thread `me` runs its own block in order (the locality of a
+// static split), then helps with what is left of the others': a core busy with another process
+// holds up only the pieces it has started, not half the kernel.
+static void run_piece(int i) {
+  long long base = job_extent / job_chunks, extra = job_extent % job_chunks;
+  long long start = i * base + (i < extra ? i : extra);
+  call(job_fn, job_args, job_nargs, start, start + base + (i < extra));
+}
+
+static void run_chunks(int me) {
+  for (int k = 0; k < job_parts; k++) {
+    int block = (me + k) % job_parts;
+    int lo = block * job_chunks / job_parts, hi = (block + 1) * job_chunks / job_parts;
+    for (int i; (i = lo + atomic_fetch_add(&taken[block], 1)) < hi;) run_piece(i);
+  }
+}
+
+static int born_at[%MAX_THREADS%];   // the generation before a worker's first job (it may start after the bump)
+
+static void* worker(void* arg) {
+  int id = (int)(long)arg, seen = born_at[id];
+  for (;;) {
+    long long spin_until = now_ns() + %SPIN_NS%;
+    while (atomic_load_explicit(&generation, memory_order_acquire) == seen) {
+      relax();
+      if (now_ns() < spin_until) continue;
+      pthread_mutex_lock(&lock);
+      while (atomic_load(&generation) == seen) pthread_cond_wait(&wake, &lock);
+      pthread_mutex_unlock(&lock);
+    }
+    seen = atomic_load(&generation);
+    if (id < job_parts) run_chunks(id);
+    atomic_fetch_add_explicit(&done, 1, memory_order_release);
+  }
+  return 0;
+}
+
+// a forked child has none of the parent's workers
+static void forget_workers(void) {
+  workers = 0;
+  pthread_mutex_init(&lock, 0);
+  pthread_cond_init(&wake, 0);
+  pthread_mutex_init(&one_job, 0);
+}
+
+// fn(args..., start, end) over [0, extent) in `chunks` pieces on `parts` threads (this one included);
+// returns when all are done
+int tc_run(void* fn, void** args, int nargs, long long extent, int parts, int chunks) {
+  pthread_mutex_lock(&one_job);
+  if (!fork_handler_set) fork_handler_set = pthread_atfork(0, 0, forget_workers) == 0;
+  while (workers < parts - 1) {
+    pthread_t t;
+    born_at[workers + 1] = atomic_load(&generation);
+    if (pthread_create(&t, 0, worker, (void*)(long)(workers + 1)) != 0) { pthread_mutex_unlock(&one_job); return -1; }
+    pthread_detach(t);
+    workers++;
+  }
+  job_fn = fn; job_args = args; job_nargs = nargs; job_extent = extent; job_parts = parts; job_chunks = chunks;
+  atomic_store(&done, 0);
+  for (int i = 0; i < parts; i++) atomic_store(&taken[i], 0);
+  pthread_mutex_lock(&lock);
+  atomic_fetch_add_explicit(&generation, 1, memory_order_release);
+  pthread_cond_broadcast(&wake);
+  pthread_mutex_unlock(&lock);
+  run_chunks(0);
+  // every worker checks in, idle ones too, so none can still be reading this job when the next is set
+  while (atomic_load_explicit(&done, memory_order_acquire) < workers) relax();
+  pthread_mutex_unlock(&one_job);
+  return 0;
+}
+""".replace("%CASES%", _call_cases()).replace("%SPIN_NS%", str(SPIN_NS)).replace("%MAX_THREADS%", str(POOL_MAX_THREADS))
+
+
+@functools.lru_cache(maxsize=None)
+def _cores() -> int:
+  return os.cpu_count() or 1       # ~9 us a call here: asked once, not per kernel
 
 
 def thread_count() -> int:
-  return max(1, getenv("THREADS", os.cpu_count() or 1))
+  return max(1, min(getenv("THREADS", _cores()), POOL_MAX_THREADS))
+
+
+@functools.lru_cache(maxsize=None)
+def _native_pool() -> Callable | None:
+  """tc_run from POOL_SOURCE, or None when there is no working C compiler."""
+  from tinychad.runtime.ops_cpu import CompileError, compile_c
+  try:
+    run = compile_c(POOL_SOURCE, "thread pool").tc_run
+  except (CompileError, OSError):
+    return None
+  run.restype = ctypes.c_int
+  run.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p), ctypes.c_int, ctypes.c_int64, ctypes.c_int, ctypes.c_int]
+  return run
+
+
+_pool: ThreadPoolExecutor | None = None
 
 
 def _executor(workers: int) -> ThreadPoolExecutor:
@@ -46,6 +200,11 @@ def run_parallel(fn: Callable[..., None], args: list, extent: int, work: int) ->
   if parts <= 1:
     fn(*args, 0, max(extent, 1))
     return
+  native = _native_pool() if len(args) <= POOL_MAX_ARGS else None
+  if native is not None:
+    address = ctypes.cast(fn, ctypes.c_void_p).value
+    pieces = min(extent, parts * CHUNKS_PER_THREAD)
+    if native(address, (ctypes.c_void_p * len(args))(*args), len(args), extent, parts, pieces) == 0: return
   ranges = chunks(extent, parts)
   futures = [_executor(parts - 1).submit(fn, *args, lo, hi) for lo, hi in ranges[1:]]
   fn(*args, *ranges[0])
