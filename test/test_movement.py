@@ -450,3 +450,32 @@ def test_shapetracker_composition_matches_np_arrays(moves):
 def test_constant_views_need_no_memory():
   const = Tensor.full((4, 5), 3.0).lazydata
   assert const.base.shape == () and const.shape == (4, 5)
+
+
+@settings(max_examples=150, deadline=None)
+@given(below_moves=MOVES, top_moves=MOVES)
+def test_merged_views_read_what_the_stack_reads(below_moves, top_moves):
+  """merge_views(below, top), when it merges, reads every element (and every masked-out one) as the stack does."""
+  from tinychad.view import merge_views
+  below = ShapeTracker.from_shape((2, 3, 4))
+  for kind, rng in below_moves:
+    below = getattr(below, kind)(_random_move(kind, below.shape, rng))
+  top = ShapeTracker.from_shape(below.shape)
+  for kind, rng in top_moves:
+    top = getattr(top, kind)(_random_move(kind, top.shape, rng))
+  inner, outer = below.views[-1], top.views[0]
+  merged = merge_views(inner, outer)
+  if merged is None: return
+  for idx in np.ndindex(*outer.shape):
+    stacked_index, stacked_valid = ShapeTracker((inner, outer)).expr_idxs(list(idx))
+    index, valid = merged.expr(list(idx))
+    stacked_valid, valid = stacked_valid in (None, True), valid in (None, True)
+    assert valid == stacked_valid, (inner, outer, merged, idx)
+    if valid: assert index == stacked_index, (inner, outer, merged, idx)
+
+
+def test_undone_transpose_merges_to_one_view():
+  """A transpose flattened (two views), unflattened and transposed back is the plain layout again: one view."""
+  st = ShapeTracker.from_shape((4, 6)).permute((1, 0)).reshape((24,))
+  assert len(st.views) == 2
+  assert st.reshape((6, 4)).permute((1, 0)).views == ShapeTracker.from_shape((4, 6)).views

@@ -116,3 +116,29 @@ def test_get_buffers_lists_inputs_and_outputs():
   buffers = out.get_buffers()
   assert ("input", (2, 3), "float32") in buffers and ("input", (3, 4), "float32") in buffers
   assert buffers[-1][0] == "output"
+
+
+def _loads(item) -> list:
+  return [n for n in item.ast.walk() if n.op.name == "LOAD"]
+
+
+def test_max_pool_gradient_reads_one_view_per_buffer():
+  """The pool gradient is the pooled result expanded over each window, read as the input's shape: the
+  kernel runs over the (out, kernel) split instead, where every load is one affine view (codegen/refine.py)."""
+  x = Tensor.randn(2, 3, 8, 8, requires_grad=True).realize()
+  x.relu().max_pool2d(2).sum().backward()
+  items = [item for item in x.grad.schedule() if item.is_kernel]
+  assert items and all(len(load.arg[1].views) == 1 for item in items for load in _loads(item))
+  expected = x.numpy().reshape(2, 3, 4, 2, 4, 2)
+  is_max = expected == np.maximum(expected.max(axis=(3, 5), keepdims=True), 0)
+  np.testing.assert_array_equal(x.grad.numpy(), (is_max & (expected > 0)).reshape(2, 3, 8, 8).astype(np.float32))
+
+
+def test_convolution_gradients_are_window_sums_without_scatter():
+  """Conv's backward is two convolutions (input and weight gradient), not a scatter-add of overlapping
+  windows (a third reduce reading through three stacked views). Only padding stacks a masked view."""
+  x, w = Tensor.randn(2, 4, 9, 9, requires_grad=True).realize(), Tensor.randn(8, 4, 3, 3, requires_grad=True).realize()
+  x.conv2d(w, padding=1).sum().backward()
+  items = [item for g in (x.grad, w.grad) for item in g.schedule() if item.is_kernel]
+  assert all(len(load.arg[1].views) <= 2 for item in items for load in _loads(item))
+  assert sum(1 for item in items if any(isinstance(n.op, ReduceOps) for n in item.ast.walk())) == 2
