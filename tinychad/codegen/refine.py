@@ -11,6 +11,7 @@ way the lower view splits it) and the load is one view with plain strides; the s
 contiguous, splits for free. The lowering merges back whatever axes didn't need splitting.
 """
 from __future__ import annotations
+import functools
 import math
 from tinychad.ops import BufferOps, KernelNode, ReduceOps
 from tinychad.view import ShapeTracker
@@ -41,6 +42,8 @@ def _reshaped(node: KernelNode, shape: Shape) -> KernelNode:
   return KernelNode(node.op, tuple(_reshaped(s, shape) for s in node.srcs), node.arg, node.dtype)
 
 
+# kernel trees are interned, so a schedule that repeats (a training loop) refines each kernel once
+@functools.lru_cache(maxsize=4096)
 def refine_kernel_shape(ast: KernelNode) -> KernelNode:
   nodes = ast.walk()
   if any(isinstance(n.op, ReduceOps) for n in nodes): return ast

@@ -2,7 +2,8 @@
 
 in: Tensors (PyTorch's layouts: NCHW activations, (out, in/groups, kh, kw) conv weights)
 out: Tensors. A convolution is a windowed view of the input (movement ops only: `pool_windows`)
-multiplied by the weight and summed: one reduce kernel, no im2col copy.
+multiplied by the weight and summed: one reduce kernel, no im2col copy. It is one autograd node
+(`Conv`) whose backward is two more such window sums, so no gradient scatters overlapping windows.
 """
 from __future__ import annotations
 import math
