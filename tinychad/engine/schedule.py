@@ -14,7 +14,8 @@ Fusion rules, in order:
   - a reduce is inlined into its single elementwise consumer when that consumer reads it through a
     plain contiguous view; then the consumer runs in the reduce's output space;
   - a kernel holds at most one reduce; any other reduce it needs is realized first.
-After fusion, one layout rule (off with NOOPT=1):
+After fusion, an elementwise kernel may run over a finer shape (codegen/refine.py: a load that reads a
+reshape its layout can't express becomes one view), and one layout rule (off with NOOPT=1):
   - a realized operand that a reduce reads with a large step along a reduce axis (a row of B in a
     matmul: one page and one L1 set per step), contiguously along a non-reduce axis and many times
     over (stride 0 along another axis) is first copied into panels, by a kernel of its own made of
@@ -27,9 +28,9 @@ from collections import Counter
 from dataclasses import dataclass
 import time
 from tinychad.codegen.opt import panel_width
+from tinychad.codegen.refine import refine_kernel_shape
 from tinychad.helpers import DEBUG, GlobalCounters, getenv, prod
 from tinychad.lazy import LazyBuffer
-from tinychad.codegen.refine import refine_kernel_shape
 from tinychad.ops import BufferOps, KernelNode, LoadOps, ReduceOps, ALU_OPS
 from tinychad.view import ShapeTracker
 

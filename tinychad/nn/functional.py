@@ -65,10 +65,10 @@ class ConvGeometry:
 def _window_product(x: Tensor, weight: Tensor, geo: ConvGeometry) -> Tensor:
   """The convolution itself: windows of the padded input times the weight, summed. (bs, cin, *in) -> (bs, cout, *out)
 
-  The sum is laid out channels-last, (bs, *out, cout), and returned as a permuted view: output channels
-  are then the contiguous axis of both the result and a (channels-last) copy of the weight, while the
-  input is the same along it, so SIMD lanes run over output channels for any image width, and each
-  weight vector is reused across neighbouring output positions (the same register tile as a matmul).
+  The sum is laid out channels-last, (bs, *out, cout), then copied back to NCHW: output channels are
+  the contiguous axis of both the sum and a (channels-last) copy of the weight, while the input is the
+  same along it, so SIMD lanes run over output channels for any image width, and each weight vector is
+  reused across neighbouring output positions (the same register tile as a matmul).
   """
   n, bs = len(geo.stride), x.shape[0]
   cout, cin_group = weight.shape[:2]
