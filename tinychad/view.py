@@ -234,6 +234,9 @@ class ShapeTracker:
     return index, valid
 
 
+def _ceil_div(a: int, b: int) -> int: return -(-a // b)
+
+
 def _digits(flat: int, shape: Shape) -> list[int] | None:
   """`flat` as one digit per axis of `shape` (mixed radix, sign carried by every digit), or None if too big."""
   sign, rest, digits = (-1 if flat < 0 else 1), abs(flat), []
@@ -280,7 +283,8 @@ def merge_views(below: View, top: View) -> View | None:
     if len(movers) > 1: return None
     k, d, base = movers[0], steps[movers[0]][j], box[movers[0]][0]
     # digit j is origin[j] + (i - base) * d; keep the i where it lies in [blo, bhi)
-    first, end = (-((origin[j] - blo) // d), -((origin[j] - bhi) // d)) if d > 0 else ((origin[j] - bhi) // -d + 1, (origin[j] - blo) // -d + 1)
+    if d > 0: first, end = _ceil_div(blo - origin[j], d), _ceil_div(bhi - origin[j], d)
+    else: first, end = (origin[j] - bhi) // -d + 1, (origin[j] - blo) // -d + 1
     mask[k] = [max(mask[k][0], base + first), min(mask[k][1], base + end)]
   return View.create(top.shape, tuple(strides), offset, tuple(tuple(m) for m in mask))
 
