@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import numpy as np
 from tinychad.dtype import DType, dtypes
-from tinychad.ops import UnaryOps, BinaryOps, TernaryOps
+from tinychad.ops import UnaryOps, BinaryOps, TernaryOps, COMPARISONS
 from tinychad.codegen.linearize import Program, UOp, UOps
 
 
@@ -176,6 +176,10 @@ class CRenderer:
                              f"typedef {elem} {name}u __attribute__((vector_size({size}), aligned({dtype.itemsize})));")
     return name
 
+  def splat(self, ref: str, src: UOp, vec: int) -> str:
+    """A scalar operand broadcast to the vector type of the same dtype (vectors pass through)."""
+    return ref if src.vec > 1 else f"(({self.type_name(src.dtype, vec)}){{}} + {ref})"
+
   def vector_alu(self, u: UOp, name: str) -> list[str]:
     """A SIMD ALU op: a native vector operator where C has one, else the scalar expression per lane."""
     vtype, op = self.type_name(u.dtype, u.vec), u.arg
@@ -184,6 +188,22 @@ class CRenderer:
     if native and (op in _NATIVE_VECTOR_OPS or (op is BinaryOps.DIV and u.dtype.is_float)):
       if op is UnaryOps.NEG: return [f"{vtype} {name} = -{s[0]};"]
       return [f"{vtype} {name} = {s[0]}{_INFIX.get(op, '/')}{s[1]};"]
+    operands = [x.dtype for x in u.srcs]
+    if op in COMPARISONS and operands[0] in _NATIVE_VECTOR_DTYPES and operands[0] == operands[1]:
+      # a vector compare gives lanes of -1/0 as wide as its operands; bool lanes are bytes of 1/0
+      both = [self.splat(x, src, u.vec) for x, src in zip(s, u.srcs)]
+      return [f"{vtype} {name} = __builtin_convertvector(-({both[0]}{_INFIX[op]}{both[1]}), {vtype});"]
+    if op is TernaryOps.WHERE and u.srcs[0].vec > 1 and u.dtype in _NATIVE_VECTOR_DTYPES and u.dtype.itemsize in _MASK_INT:
+      # blend through a mask of all-ones lanes: C has no ?: on vectors, and a lane loop of
+      # byte-wide conditions over float lanes is a pattern gcc won't vectorize
+      mtype = self.type_name(_MASK_INT[u.dtype.itemsize], u.vec)
+      picks = [f"({mtype}){self.splat(x, src, u.vec)}" for x, src in zip(s[1:], u.srcs[1:])]
+      return [f"{mtype} {name}m = -__builtin_convertvector({s[0]}, {mtype});",
+              f"{vtype} {name} = ({vtype})(({picks[0]} & {name}m) | ({picks[1]} & ~{name}m));"]
+    if op is TernaryOps.WHERE and u.srcs[0].vec == 1:
+      # one condition picks a whole vector (a gather's one-hot row): no per-lane loop for gcc to untangle
+      picks = [self.splat(x, src, u.vec) for x, src in zip(s[1:], u.srcs[1:])]
+      return [f"{vtype} {name} = {s[0]} ? {picks[0]} : {picks[1]};"]
     lane = [f"{x}[l]" if src.vec > 1 else x for x, src in zip(s, u.srcs)]
     cast = "(_Bool)" if u.dtype == dtypes.bool else ""
     return [f"{vtype} {name};", f"for (int l = 0; l < {u.vec}; l++) {name}[l] = {cast}({self.alu(u, lane)});"]
@@ -255,6 +275,8 @@ _INFIX = {
 
 # vector types where C's operators act lane-wise with the scalar op's meaning (integers wrap: -fwrapv)
 _NATIVE_VECTOR_DTYPES = {dtypes.float32, dtypes.float64, dtypes.int32, dtypes.int64}
+# the integer type whose lanes are as wide as a value's: the mask a vector compare makes
+_MASK_INT = {4: dtypes.int32, 8: dtypes.int64}
 _NATIVE_VECTOR_OPS = {BinaryOps.ADD, BinaryOps.SUB, BinaryOps.MUL, UnaryOps.NEG}
 
 
