@@ -18,20 +18,21 @@ class _MemoryPool:
   LIMIT_BYTES = 1 << 30
 
   def __init__(self):
-    self.free: dict[int, list[np.ndarray]] = {}
+    self.free: dict[int, list[tuple[np.ndarray, int]]] = {}
     self.pooled_bytes = 0
 
-  def take(self, nbytes: int, alignment: int = 64) -> np.ndarray:
+  def take(self, nbytes: int, alignment: int = 64) -> tuple[np.ndarray, int]:
+    """`nbytes` of memory and its address (kept with it: asking numpy for it again costs a microsecond)."""
     if self.free.get(nbytes):
       self.pooled_bytes -= nbytes
       return self.free[nbytes].pop()
     raw = np.empty(nbytes + alignment, dtype=np.uint8)
     start = (-raw.ctypes.data) % alignment
-    return raw[start:start + nbytes]
+    return raw[start:start + nbytes], raw.ctypes.data + start
 
-  def give(self, memory: np.ndarray) -> None:
+  def give(self, memory: np.ndarray, address: int) -> None:
     if self.pooled_bytes + memory.nbytes > self.LIMIT_BYTES: return
-    self.free.setdefault(memory.nbytes, []).append(memory)
+    self.free.setdefault(memory.nbytes, []).append((memory, address))
     self.pooled_bytes += memory.nbytes
 
   def clear(self) -> None:
@@ -52,16 +53,15 @@ class Buffer:
   def __repr__(self) -> str: return f"<Buffer {self.device} {self.size} {self.dtype.name}>"
 
   def __del__(self):
-    if self._memory is not None and memory_pool is not None: memory_pool.give(self._memory)
+    if self._memory is not None and memory_pool is not None: memory_pool.give(self._memory, self.address)
 
   @property
   def nbytes(self) -> int: return self.size * self.dtype.itemsize
 
   def allocate(self) -> Buffer:
     if self._data is None:
-      self._memory = memory_pool.take(self.nbytes)
+      self._memory, self.address = memory_pool.take(self.nbytes)   # address: what kernels are called with
       self._data = self._memory.view(self.dtype.np)
-      self.address = self._memory.ctypes.data   # what compiled kernels are called with
     return self
 
   def copyin(self, array: np.ndarray) -> Buffer:

@@ -18,6 +18,10 @@ class DType:
 
   def __repr__(self) -> str: return f"dtypes.{self.name}"
 
+  # every kernel-cache and interning key holds dtypes: hashing the name alone (unique per dtype, and
+  # equal dtypes have equal names) skips rebuilding a tuple of six fields on each lookup
+  def __hash__(self) -> int: return hash(self.name)
+
   @property
   def is_float(self) -> bool: return self.category == 2
 

@@ -16,6 +16,9 @@ class LazyBuffer:
   def __init__(self, device: str, st: ShapeTracker, dtype: DType, op: Op | None = None, arg=None,
                srcs: tuple[LazyBuffer, ...] = (), base: LazyBuffer | None = None):
     self.device, self.st, self.dtype = device, st, dtype
+    # a buffer's view never changes: its shape and size are read all over the scheduler, so keep them
+    self.shape: tuple[int, ...] = st.shape
+    self.size: int = prod(self.shape)
     self._base = base
     if base is None:
       self.op, self.arg, self.srcs = op, arg, srcs
@@ -28,12 +31,6 @@ class LazyBuffer:
 
   @property
   def base(self) -> LazyBuffer: return self._base if self._base is not None else self
-
-  @property
-  def shape(self) -> tuple[int, ...]: return self.st.shape
-
-  @property
-  def size(self) -> int: return prod(self.shape)
 
   @property
   def is_realized(self) -> bool: return self.base.realized is not None

@@ -10,7 +10,13 @@ from enum import Enum, auto
 from typing import Any
 
 
-class UnaryOps(Enum):
+class _OpEnum(Enum):
+  """Members are singletons, so identity hashing is exact; Enum's own __hash__ is a Python-level
+  call, and op enums are in every interning and cache key of the hot path."""
+  __hash__ = object.__hash__
+
+
+class UnaryOps(_OpEnum):
   NEG = auto()      # -x
   EXP2 = auto()     # 2**x
   LOG2 = auto()     # log2(x)
@@ -22,7 +28,7 @@ class UnaryOps(Enum):
   BITCAST = auto()  # reinterpret the bits as the dtype in `arg` (same itemsize)
 
 
-class BinaryOps(Enum):
+class BinaryOps(_OpEnum):
   ADD = auto()      # a + b
   SUB = auto()      # a - b
   MUL = auto()      # a * b
@@ -37,16 +43,16 @@ class BinaryOps(Enum):
   XOR = auto()      # a ^ b
 
 
-class TernaryOps(Enum):
+class TernaryOps(_OpEnum):
   WHERE = auto()    # c ? a : b
 
 
-class ReduceOps(Enum):
+class ReduceOps(_OpEnum):
   SUM = auto()      # sum over the axes in `arg` (kept as size 1)
   MAX = auto()      # max over the axes in `arg` (kept as size 1)
 
 
-class MovementOps(Enum):
+class MovementOps(_OpEnum):
   RESHAPE = auto()  # same elements, new shape
   PERMUTE = auto()  # reorder the axes
   EXPAND = auto()   # broadcast size-1 axes (stride 0)
@@ -55,7 +61,7 @@ class MovementOps(Enum):
   FLIP = auto()     # reverse the axes flagged in `arg`
 
 
-class LoadOps(Enum):
+class LoadOps(_OpEnum):
   EMPTY = auto()       # uninitialised memory of a shape
   CONST = auto()       # one scalar value, broadcast by views
   FROM_NUMPY = auto()  # host data handed over by the user
@@ -63,7 +69,7 @@ class LoadOps(Enum):
   CONTIGUOUS = auto()  # materialise a view into its own buffer
 
 
-class BufferOps(Enum):
+class BufferOps(_OpEnum):
   LOAD = auto()        # read an input buffer through a ShapeTracker: arg = (buffer number, tracker)
   CONST = auto()       # a constant read through a ShapeTracker (its mask makes padding): arg = (value, tracker)
   STORE = auto()       # write the kernel's result: arg = (buffer number, tracker)
@@ -87,7 +93,9 @@ class KernelNode:
     # 0.0 and -0.0 (and 1 and 1.0) are equal as Python values but not as constants in a kernel
     arg_key = (type(arg[0]), repr(arg[0]), arg[1]) if op is BufferOps.CONST else arg
     key = (op, srcs, arg_key, dtype)
-    node = cls._interned.get(key)
+    # read the dictionary of weak references directly: WeakValueDictionary.get is a Python-level call
+    ref = cls._interned.data.get(key)
+    node = ref() if ref is not None else None
     if node is None:
       node = object.__new__(cls)
       node.op, node.srcs, node.arg, node.dtype, node._hash = op, srcs, arg, dtype, hash(key)

@@ -24,11 +24,11 @@ reshape its layout can't express becomes one view), and one layout rule (off wit
     lane axis is split into (panels, P) to read it through a single view.
 """
 from __future__ import annotations
-from collections import Counter
 from dataclasses import dataclass
 import time
 from tinychad.codegen.opt import panel_width
 from tinychad.codegen.refine import refine_kernel_shape
+from tinychad.device import Buffer, Device
 from tinychad.helpers import DEBUG, GlobalCounters, getenv, prod
 from tinychad.lazy import LazyBuffer
 from tinychad.ops import BufferOps, KernelNode, LoadOps, ReduceOps, ALU_OPS
@@ -98,7 +98,7 @@ class _Scheduler:
     self.items: list[ScheduleItem] = []
     self.scheduled: set[LazyBuffer] = set()
     self.forced: set[LazyBuffer] = set()
-    self.uses: Counter = Counter()
+    self.uses: dict[LazyBuffer, int] = {}    # how many graph edges read each base
     self._cheap_memo: dict[LazyBuffer, bool] = {}
     self.packed: dict[tuple[LazyBuffer, ShapeTracker], LazyBuffer] = {}   # (operand, its view) -> its panels
     self._count_uses([o.base for o in outs])
@@ -110,13 +110,14 @@ class _Scheduler:
       if base in seen or base.realized is not None: continue
       seen.add(base)
       for src in base.srcs:
-        self.uses[src.base] += 1
-        stack.append(src.base)
+        child = src.base
+        self.uses[child] = self.uses.get(child, 0) + 1
+        stack.append(child)
 
   def must_realize(self, base: LazyBuffer) -> bool:
     if base.realized is not None or base in self.targets or base in self.forced: return True
     if base.op is LoadOps.CONST: return False
-    return isinstance(base.op, LoadOps) or (self.uses[base] > 1 and not self._cheap(base))
+    return isinstance(base.op, LoadOps) or (self.uses.get(base, 0) > 1 and not self._cheap(base))
 
   CHEAP_OPS = 8   # ALU ops an elementwise base may have and still be recomputed by each consumer
 
@@ -317,7 +318,6 @@ capture = None
 
 
 def run_schedule(items: list[ScheduleItem]) -> None:
-  from tinychad.device import Buffer, Device
   start = time.perf_counter()
   kernels, debug = 0, DEBUG()
   # a device that can build kernels ahead (several compiler processes at once) gets its whole list first
@@ -325,7 +325,7 @@ def run_schedule(items: list[ScheduleItem]) -> None:
   for item in items:
     if item.is_kernel and item.output.size > 0: kernels_by_device.setdefault(item.output.device, []).append(item)
   for device, device_items in kernels_by_device.items():
-    prepare = getattr(Device[device], "prepare", None)
+    prepare = getattr(Device[device], "prepare", None) if len(device_items) > 1 else None
     if prepare is not None: prepare(device_items)
   for item in items:
     out = item.output
@@ -349,7 +349,10 @@ def run_schedule(items: list[ScheduleItem]) -> None:
 
 
 def _count(item: ScheduleItem, elapsed: float) -> None:
+  _, full_shape, ops_per_point = _kernel_info(item.ast, item.output.shape)
   GlobalCounters.kernel_count += 1
-  GlobalCounters.global_ops += item.op_count * prod(item.full_shape)
-  GlobalCounters.global_mem += item.output.size * item.output.dtype.itemsize + sum(i.size * i.dtype.itemsize for i in item.inputs)
+  GlobalCounters.global_ops += ops_per_point * prod(full_shape)
+  moved = item.output.size * item.output.dtype.itemsize
+  for i in item.inputs: moved += i.size * i.dtype.itemsize
+  GlobalCounters.global_mem += moved
   GlobalCounters.time_sum_s += elapsed
