@@ -1,9 +1,9 @@
 """The compiled-kernel cache across processes.
 
 in: subprocesses that run one kernel on CPU (or LLVM) with TINYCHAD_CACHE pointing at a temp dir
-out: pass when a second process compiles nothing, a damaged .so (or .o) is rebuilt, two processes
-     compiling the same kernel at once both get right answers, and the LLVM device's prepare
-     compiles a schedule's kernels up front.
+out: pass when a second process compiles nothing (and, through the kernel record, lowers nothing),
+     a damaged .so, .o or record is rebuilt or ignored, two processes compiling the same kernel at
+     once both get right answers, and the LLVM device's prepare compiles a schedule's kernels up front.
 """
 import os
 import subprocess
@@ -20,7 +20,7 @@ from tinychad.runtime.cache import CacheStats
 x = np.arange(24, dtype=np.float32).reshape(4, 6)
 out = LazyBuffer.from_numpy(x, DEVICE).e(BinaryOps.MUL, LazyBuffer.from_numpy(x, DEVICE)).r(ReduceOps.SUM, (1,)).numpy()
 assert np.allclose(out, (x * x).sum(1, keepdims=True)), out
-print(f"compiles={CacheStats.compiles} disk_hits={CacheStats.disk_hits}")
+print(f"compiles={CacheStats.compiles} disk_hits={CacheStats.disk_hits} record_hits={CacheStats.record_hits}")
 """
 
 
@@ -33,8 +33,25 @@ def run(cache: Path, device: str = "CPU") -> dict:
 
 @pytest.mark.parametrize("device", ["CPU", "LLVM"])
 def test_second_process_reuses_disk_cache(tmp_path, device):
-  assert run(tmp_path, device) == {"compiles": "1", "disk_hits": "0"}
-  assert run(tmp_path, device) == {"compiles": "0", "disk_hits": "1"}
+  assert run(tmp_path, device) == {"compiles": "1", "disk_hits": "0", "record_hits": "0"}
+  # the kernel record lets the second process skip lowering and rendering too
+  assert run(tmp_path, device) == {"compiles": "0", "disk_hits": "1", "record_hits": "1"}
+
+
+@pytest.mark.parametrize("device", ["CPU", "LLVM"])
+def test_damaged_record_is_ignored(tmp_path, device):
+  run(tmp_path, device)
+  (record,) = tmp_path.glob("*.kernel.json")
+  record.write_text('{"library": ')
+  assert run(tmp_path, device) == {"compiles": "0", "disk_hits": "1", "record_hits": "0"}
+
+
+@pytest.mark.parametrize("device", ["CPU", "LLVM"])
+def test_record_is_keyed_by_codegen_settings(tmp_path, device, monkeypatch):
+  run(tmp_path, device)
+  monkeypatch.setenv("NOOPT", "1")    # another code generator setting: the record doesn't apply
+  assert run(tmp_path, device)["record_hits"] == "0"
+  assert run(tmp_path, device)["record_hits"] == "1"
 
 
 @pytest.mark.parametrize("device, suffix", [("CPU", "so"), ("LLVM", "o")])
@@ -42,8 +59,8 @@ def test_truncated_library_is_rebuilt(tmp_path, device, suffix):
   run(tmp_path, device)
   (lib,) = tmp_path.glob(f"*.{suffix}")
   lib.write_bytes(lib.read_bytes()[:100])
-  assert run(tmp_path, device) == {"compiles": "1", "disk_hits": "0"}
-  assert run(tmp_path, device) == {"compiles": "0", "disk_hits": "1"}
+  assert run(tmp_path, device)["compiles"] == "1"
+  assert run(tmp_path, device)["compiles"] == "0"
 
 
 def test_missing_checksum_is_rebuilt(tmp_path):
@@ -60,9 +77,9 @@ def test_concurrent_compiles_both_succeed(tmp_path):
   for p in procs:
     out, err = p.communicate(timeout=60)
     assert p.returncode == 0, err
-  # no temp files left behind, one library and its checksum
-  assert sorted(f.suffix for f in tmp_path.iterdir()) == [".sha256", ".so"]
-  assert run(tmp_path) == {"compiles": "0", "disk_hits": "1"}
+  # no temp files left behind: one library, its checksum and the kernel's record
+  assert sorted(f.suffix for f in tmp_path.iterdir()) == [".json", ".sha256", ".so"]
+  assert run(tmp_path) == {"compiles": "0", "disk_hits": "1", "record_hits": "1"}
 
 
 def test_cache_disabled_writes_nothing(tmp_path):

@@ -146,11 +146,19 @@ class LLVMRenderer:
       return b.icmp_unsigned("!=", x, const(0, src))
     if src.is_float and dst.is_float:
       return b.fpext(x, to) if dst.itemsize > src.itemsize else b.fptrunc(x, to)
-    if src.is_float: return b.fptoui(x, to) if dst.is_unsigned else b.fptosi(x, to)
+    if src.is_float: return self.float_to_int(x, dst)
     if dst.is_float: return b.uitofp(x, to) if src.is_unsigned else b.sitofp(x, to)
     if dst.itemsize < src.itemsize: return b.trunc(x, to)
     if dst.itemsize == src.itemsize and src != dtypes.bool: return x    # int8 <-> uint8: same bits
     return b.zext(x, to) if src.is_unsigned else b.sext(x, to)
+
+  def float_to_int(self, x: ir.Value, dst: DType) -> ir.Value:
+    """What numpy gets from C on x86: out-of-range values (NaN, inf, negatives to unsigned) are poison
+    in LLVM's fptosi/fptoui, so convert as gcc does, with x86's 32- or 64-bit signed conversion
+    (out of range gives its minimum), then keep the low bits."""
+    wide = ir.IntType(64 if dst.itemsize == 8 else 32)
+    converted = self.b.fptosi(x, wide)
+    return converted if dst.itemsize * 8 == wide.width else self.b.trunc(converted, reg_type(dst))
 
   def int_divmod(self, op: BinaryOps, a: ir.Value, d: ir.Value, dtype: DType, divisor: UOp) -> ir.Value:
     """a / d or a % d with C semantics, giving 0 for d == 0 and wrapping MIN / -1 (numpy's answers)."""

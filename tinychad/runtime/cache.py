@@ -6,18 +6,25 @@ out: a loaded shared library (ctypes.CDLL), or the object code's bytes, taken fr
      disk, or freshly compiled.
 Disk layout: `<dir>/<key>.so` (or `.o`) plus `<key>.sha256`, the checksum of the file's bytes. `dir` is
 `$TINYCHAD_CACHE`, else `~/.cache/tinychad`; `CACHE=0` turns the disk cache off.
+Kernel records (`<key>.kernel.json`) skip lowering and rendering in a new process: keyed by the kernel
+tree's text, its name, the device's compiler settings and a hash of tinychad's own source (so an edited
+code generator never reuses an old record), a record names the library or object to load and the
+facts the device needs to call it (buffer count, parallel extent).
 Files are written to a temporary name in the same directory and moved into place with os.replace,
 which is atomic, so a concurrent reader sees either no file or a whole one. A .so whose bytes don't
 match its checksum (a crash mid-write of an old version, a truncated copy) is rebuilt, not loaded.
 """
 from __future__ import annotations
 import ctypes
+import functools
 import hashlib
+import json
 import os
 import tempfile
 from pathlib import Path
 from typing import Any, Callable
 from tinychad.helpers import getenv
+from tinychad.ops import KernelNode
 
 
 class CacheStats:
@@ -25,9 +32,10 @@ class CacheStats:
   compiles: int = 0
   memory_hits: int = 0
   disk_hits: int = 0
+  record_hits: int = 0     # kernels loaded from a record, without lowering or rendering
 
   @staticmethod
-  def reset() -> None: CacheStats.compiles = CacheStats.memory_hits = CacheStats.disk_hits = 0
+  def reset() -> None: CacheStats.compiles = CacheStats.memory_hits = CacheStats.disk_hits = CacheStats.record_hits = 0
 
 
 _memory: dict[str, Any] = {}
@@ -98,6 +106,12 @@ def cached_bytes(key: str, suffix: str, build: Callable[[], bytes]) -> bytes:
   return data
 
 
+def has_cached_bytes(key: str, suffix: str) -> bool:
+  """`<key><suffix>` is on disk and matches its checksum."""
+  directory = cache_dir()
+  return directory is not None and _read_verified(directory / f"{key}{suffix}", directory / f"{key}.sha256") is not None
+
+
 def _load_verified(lib_path: Path, sum_path: Path) -> ctypes.CDLL | None:
   """The library at lib_path if its bytes match the checksum beside it, else None."""
   if _read_verified(lib_path, sum_path) is None: return None
@@ -131,4 +145,53 @@ def load_shared_library(key: str, build: Callable[[Path], None]) -> ctypes.CDLL:
         # load our own bytes, not whatever a concurrent writer put at lib_path meanwhile
         lib = ctypes.CDLL(str(built))
   _memory[key] = lib
+  return lib
+
+
+# ---- kernel records: kernel tree -> what to load, without lowering ----
+
+@functools.lru_cache(maxsize=None)
+def code_version() -> str:
+  """Hash of every tinychad source file, read once per process: a record written by other code is ignored."""
+  root = Path(__file__).resolve().parent.parent
+  h = hashlib.sha256()
+  for path in sorted(root.rglob("*.py")):
+    h.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes())
+  return h.hexdigest()
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def tree_text(node: KernelNode) -> str:
+  """A kernel tree as text that is the same in every process (op, dtype, arg, then the sources)."""
+  srcs = ",".join(tree_text(s) for s in node.srcs)
+  return f"{node.op.name}:{node.dtype!r}:{node.arg!r}[{srcs}]"
+
+
+def read_record(key: str) -> dict | None:
+  """The kernel record stored under `key`, or None (no disk cache, no record, or unreadable)."""
+  directory = cache_dir()
+  if directory is None: return None
+  try:
+    record = json.loads((directory / f"{key}.kernel.json").read_text())
+  except (OSError, ValueError):
+    return None
+  CacheStats.record_hits += 1
+  return record
+
+
+def write_record(key: str, record: dict) -> None:
+  directory = cache_dir()
+  if directory is not None: _atomic_write(directory / f"{key}.kernel.json", json.dumps(record).encode())
+
+
+def cached_library(key: str) -> ctypes.CDLL | None:
+  """The library for `key` if it is loaded or on disk intact; never builds."""
+  if key in _memory:
+    CacheStats.memory_hits += 1
+    return _memory[key]
+  directory = cache_dir()
+  lib = _load_verified(directory / f"{key}.so", directory / f"{key}.sha256") if directory is not None else None
+  if lib is not None:
+    CacheStats.disk_hits += 1
+    _memory[key] = lib
   return lib

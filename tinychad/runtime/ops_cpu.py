@@ -25,7 +25,7 @@ from tinychad.codegen import lower_item
 from tinychad.device import find_c_compiler
 from tinychad.helpers import DEBUG, prod
 from tinychad.renderer.cstyle import render_c
-from tinychad.runtime.cache import cache_key, load_shared_library
+from tinychad.runtime.cache import cache_key, cached_library, code_version, load_shared_library, read_record, tree_text, write_record
 from tinychad.runtime.threads import run_parallel
 
 BASE_FLAGS = ["-O2", "-march=native", "-fPIC", "-shared", "-fwrapv", "-fno-math-errno", "-ffp-contract=off"]
@@ -39,6 +39,11 @@ class CompileError(RuntimeError):
 def compile_flags(contract: bool = False) -> list[str]:
   flags = BASE_FLAGS + shlex.split(os.getenv("CC_FLAGS_EXTRA", ""))
   return [CONTRACT_FLAG if f == "-ffp-contract=off" else f for f in flags] if contract else flags
+
+
+def library_key(source: str, cc: str, contract: bool = False) -> str:
+  """The cache key of the library built from `source` by `cc` with our flags."""
+  return cache_key(source, cc, " ".join(compile_flags(contract)))
 
 
 def compile_c(source: str, name: str, compiler: str | None = None, contract: bool = False) -> ctypes.CDLL:
@@ -57,7 +62,7 @@ def compile_c(source: str, name: str, compiler: str | None = None, contract: boo
       raise CompileError(f"kernel {name} failed to compile with {' '.join(cmd)}:\n"
                          f"{res.stderr.decode(errors='replace')}\n--- source ---\n{source}")
 
-  return load_shared_library(cache_key(source, cc, " ".join(flags)), build)
+  return load_shared_library(library_key(source, cc, contract), build)
 
 
 @functools.lru_cache(maxsize=None)
@@ -82,13 +87,25 @@ class CPUDevice:
     return cc is not None and _compiler_works(cc)
 
   def _build(self, item) -> tuple:
-    program = lower_item(item)
-    source = render_c(program)
-    if DEBUG() >= 4: print(source)
-    fn = getattr(compile_c(source, item.name, contract=program.contract), item.name)
+    """(C function, parallel extent) for a kernel: from its record when this kernel was built before
+    (no lowering, no rendering), else lowered, rendered and compiled, and its record written."""
+    cc = find_c_compiler() or ""
+    key = cache_key(tree_text(item.ast), item.name, code_version(), cc, " ".join(compile_flags()),
+                    os.getenv("NOOPT", ""), os.getenv("BEAM", ""))
+    # DEBUG>=3 shows the IR and the source, so it always lowers
+    record = read_record(key) if DEBUG() < 3 else None
+    lib = cached_library(record["library"]) if record is not None else None
+    if lib is None:
+      program = lower_item(item)
+      source = render_c(program)
+      if DEBUG() >= 4: print(source)
+      lib = compile_c(source, item.name, cc or None, contract=program.contract)
+      record = {"library": library_key(source, cc, program.contract), "buffers": len(program.globals), "parallel": program.parallel}
+      write_record(key, record)
+    fn = getattr(lib, item.name)
     fn.restype = None
-    fn.argtypes = [ctypes.c_void_p] * len(program.globals) + [ctypes.c_int64, ctypes.c_int64]
-    return fn, program.parallel
+    fn.argtypes = [ctypes.c_void_p] * record["buffers"] + [ctypes.c_int64, ctypes.c_int64]
+    return fn, record["parallel"]
 
   def program(self, item):
     key = (item.ast, item.name)

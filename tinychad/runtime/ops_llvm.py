@@ -4,8 +4,9 @@ in: a ScheduleItem and its Buffers (output first, then inputs by LOAD number)
 out: the output buffer filled by machine code from MCJIT, optimized at -O2 by LLVM's new pass
      manager for the host CPU, run across threads (runtime/threads.py). A kernel's object code is
      cached in memory and on disk (runtime/cache.py) by IR text and host CPU, so a new process
-     loads it instead of optimizing again; `prepare(items)` compiles a schedule's new kernels on
-     several threads.
+     loads it instead of optimizing again, and a kernel record maps the kernel tree to that object
+     code, so a new process doesn't even lower or render it; `prepare(items)` compiles a schedule's
+     new kernels on several threads.
 llvmlite 0.50: llvm.initialize() raises, so only the native target and asm printer are initialized.
 Each execution engine gets its own TargetMachine (an engine takes ownership of the one it's given).
 """
@@ -15,11 +16,11 @@ import ctypes.util
 import functools
 import os
 from concurrent.futures import ThreadPoolExecutor
+from typing import Callable
 from tinychad.codegen import lower_item
-from tinychad.codegen.linearize import Program
 from tinychad.helpers import DEBUG, prod
 from tinychad.renderer.llvmir import render_llvm
-from tinychad.runtime.cache import cache_key, cached_bytes, memoize
+from tinychad.runtime.cache import cache_key, cached_bytes, code_version, has_cached_bytes, memoize, read_record, tree_text, write_record
 from tinychad.runtime.threads import run_parallel
 
 
@@ -85,15 +86,37 @@ def _host() -> str:
 
 
 def kernel_key(source: str) -> str:
-  """The cache key of a kernel: its IR and the CPU the machine code is for."""
+  """The cache key of a kernel's object code: its IR and the CPU the machine code is for."""
   return cache_key("llvm", _host(), source)
 
 
-def compile_llvm(source: str, name: str, n_buffers: int = 1, parallel: int = 0, obj: bytes | None = None) -> CompiledKernel:
-  """The loaded kernel for `source` (memory cache), its object code from `obj`, the disk cache or LLVM."""
-  key = kernel_key(source)
-  return memoize(key, lambda: CompiledKernel(obj if obj is not None else cached_bytes(key, ".o", lambda: compile_object(source)),
-                                             name, n_buffers, parallel))
+def plan_kernel(item) -> tuple[dict, str | None]:
+  """A kernel's record ({"object": key, "buffers": n, "parallel": extent}) and its IR, which is None
+  when the record and the object code were already on disk (nothing lowered, nothing rendered)."""
+  key = cache_key("llvm-record", tree_text(item.ast), item.name, code_version(), _host(),
+                  os.getenv("NOOPT", ""), os.getenv("BEAM", ""))
+  # DEBUG>=3 shows the IR and the source, so it always lowers
+  record = read_record(key) if DEBUG() < 3 else None
+  if record is not None and has_cached_bytes(record["object"], ".o"): return record, None
+  program = lower_item(item)
+  source = render_llvm(program)
+  if DEBUG() >= 4: print(source)
+  record = {"object": kernel_key(source), "buffers": len(program.globals), "parallel": program.parallel}
+  write_record(key, record)
+  return record, source
+
+
+def object_code(record: dict, source: str | None) -> bytes:
+  """The record's object code: from disk, else optimized and compiled from `source` by LLVM."""
+  def build() -> bytes:
+    if source is None: raise RuntimeError(f"object code {record['object']} vanished from the kernel cache")
+    return compile_object(source)
+  return cached_bytes(record["object"], ".o", build)
+
+
+def load_kernel(record: dict, name: str, obj: Callable[[], bytes]) -> CompiledKernel:
+  """The kernel loaded into MCJIT, once per process per object code."""
+  return memoize(record["object"], lambda: CompiledKernel(obj(), name, record["buffers"], record["parallel"]))
 
 
 class LLVMDevice:
@@ -109,18 +132,11 @@ class LLVMDevice:
       return False
     return True
 
-  @staticmethod
-  def _render(item) -> tuple[str, Program]:
-    program = lower_item(item)
-    source = render_llvm(program)
-    if DEBUG() >= 4: print(source)
-    return source, program
-
   def program(self, item) -> CompiledKernel:
     key = (item.ast, item.name)
     if key not in self.programs:
-      source, program = self._render(item)
-      self.programs[key] = compile_llvm(source, item.name, len(program.globals), program.parallel)
+      record, source = plan_kernel(item)
+      self.programs[key] = load_kernel(record, item.name, lambda: object_code(record, source))
     return self.programs[key]
 
   def prepare(self, items) -> None:
@@ -128,12 +144,11 @@ class LLVMDevice:
     generation on parallel threads (llvmlite drops the GIL in them), loading into MCJIT after."""
     todo = {(item.ast, item.name): item for item in items if item.is_kernel and (item.ast, item.name) not in self.programs}
     if len(todo) < 2: return
-    rendered = [self._render(item) for item in todo.values()]
-    build = lambda source: cached_bytes(kernel_key(source), ".o", lambda: compile_object(source))
+    plans = [plan_kernel(item) for item in todo.values()]
     with ThreadPoolExecutor(max_workers=min(len(todo), os.cpu_count() or 1)) as pool:
-      objects = list(pool.map(build, [source for source, _ in rendered]))
-    for (key, item), (source, program), obj in zip(todo.items(), rendered, objects):
-      self.programs[key] = compile_llvm(source, item.name, len(program.globals), program.parallel, obj)
+      objects = list(pool.map(lambda plan: object_code(*plan), plans))
+    for (key, item), (record, _), obj in zip(todo.items(), plans, objects):
+      self.programs[key] = load_kernel(record, item.name, lambda: obj)
 
   def exec(self, item, bufs) -> None:
     kernel = self.program(item)
