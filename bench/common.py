@@ -24,6 +24,7 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
+from bench.hardware import Limits, measure_limits
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 LIBRARIES = ("tinychad", "torch", "numpy", "tinygrad")
@@ -51,6 +52,8 @@ class Case:
   repeats: int = 7
   warmup: int = 2
   missing_reason: str = "not applicable"
+  # the machine's best for this row, in the row's unit, from limits measured in this run (hardware.py)
+  limit: Callable[[Limits], float] | None = None
 
 
 @dataclass
@@ -66,6 +69,7 @@ class Row:
   unit: str
   amount: float
   results: dict[tuple[str, int], Result] = field(default_factory=dict)
+  limit: Callable[[Limits], float] | None = None
 
   def value(self, seconds: float) -> float:
     return seconds * 1e3 if self.unit == "ms" else self.amount / seconds
@@ -186,7 +190,7 @@ def run_worker(module_name: str, library: str, threads: int, quick: bool) -> Non
 
 def collect(module_name: str, quick: bool) -> list[Row]:
   module_cases = importlib.import_module(module_name).cases(quick)
-  rows = {case.name: Row(case.name, case.unit, case.amount) for case in module_cases}
+  rows = {case.name: Row(case.name, case.unit, case.amount, limit=case.limit) for case in module_cases}
   for library in LIBRARIES:
     for threads in THREAD_COUNTS[library]:
       reason = unavailable_reason(library)
@@ -232,12 +236,16 @@ def format_number(x: float) -> str:
   return f"{x:.2f}"
 
 
-def format_table(rows: list[Row]) -> str:
-  """A markdown table; n/a cells point to numbered footnotes with the reason."""
+def format_table(rows: list[Row], limits: dict[int, Limits | None] | None = None) -> str:
+  """A markdown table; n/a cells point to numbered footnotes with the reason. With `limits` (per
+  thread count), rows that have a hardware limit get tinychad's share of it (rates) or its multiple
+  of the ideal time (ms)."""
+  limits = limits or {}
   columns = [(library, threads) for library in LIBRARIES for threads in THREAD_COUNTS[library]]
   header = ["workload", "unit"] + [f"{library} {threads}t" for library, threads in columns]
   header[3:3] = ["tinychad 1st call (ms)"]
-  header += ["tinychad time / torch (1t, 2t)", "tinychad time / numpy (1t, 2t)", "tinychad time / tinygrad 1t"]
+  header += ["tinychad time / torch (1t, 2t)", "tinychad time / numpy (1t, 2t)", "tinychad time / tinygrad 1t",
+             "tinychad vs hardware limit (1t, 2t)"]
   footnotes: list[str] = []
 
   def cell(row: Row, key: tuple[str, int]) -> str:
@@ -257,10 +265,26 @@ def format_table(rows: list[Row]) -> str:
     first = row.results.get(("tinychad", 1))
     cells[3:3] = [format_number(first.first_s * 1e3) if first is not None and first.first_s is not None else "-"]
     cells += [f"{ratio(row, (lib, 1))}, {ratio(row, (lib, 2))}" for lib in ("torch", "numpy")] + [ratio(row, ("tinygrad", 1))]
+    cells.append(", ".join(versus_limit(row, threads, limits.get(threads)) for threads in (1, 2)))
     lines.append("| " + " | ".join(cells) + " |")
   lines.append("")
   lines += [f"[{i + 1}] {reason}" for i, reason in enumerate(footnotes)]
   return "\n".join(lines)
+
+
+def versus_limit(row: Row, threads: int, limits: Limits | None) -> str:
+  """tinychad's value as a share of the hardware's (rates), or its time over the ideal time (ms)."""
+  mine = row.results.get(("tinychad", threads))
+  if row.limit is None or limits is None or mine is None or mine.median_s is None: return "-"
+  best = row.limit(limits)
+  if row.unit == "ms": return f"{row.value(mine.median_s) / best:.1f}x ideal"
+  return f"{row.value(mine.median_s) / best:.0%}"
+
+
+def describe_limits(limits: dict[int, Limits | None]) -> str:
+  parts = [f"{t}t: triad {lim.triad_gbs:.1f} GB/s, read {lim.sum_gbs:.1f} GB/s, FMA {lim.fma_gflops:.0f} GFLOP/s"
+           for t, lim in limits.items() if lim is not None]
+  return "Hardware limits measured in this run (bench/hardware.py): " + ("; ".join(parts) if parts else "not available (no C compiler with OpenMP)")
 
 
 def main(module_names: list[str], argv: list[str] | None = None) -> None:
@@ -270,8 +294,10 @@ def main(module_names: list[str], argv: list[str] | None = None) -> None:
     module_name, library, threads = args.worker
     run_worker(module_name, library, int(threads), args.quick)
     return
+  limits = {threads: measure_limits(threads) for threads in (1, 2)}
   rows = [row for name in module_names for row in collect(name, args.quick)]
-  print(format_table(rows))
+  print(format_table(rows, limits))
+  print("\n" + describe_limits(limits) + ".")
   print("\nGFLOP/s, GB/s, tok/s: higher is better; ms: lower is better. Ratios > 1x: tinychad is slower.")
   print("Ratios compare tinychad with the same thread count. Numbers are medians after warm-up"
         + (" (--quick: small sizes, 3 runs)." if args.quick else "."))

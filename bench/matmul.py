@@ -53,7 +53,7 @@ def cases(quick: bool) -> list[Case]:
   return [Case(f"matmul {n}x{n}{suffix}", "GFLOP/s", 2 * n ** 3 / 1e9,
                {name: (lambda build=build, n=n: build(n)) for name, build in builds.items()},
                repeats=3 if n >= 2048 else 7, warmup=2 if suffix or n < 2048 else 1,
-               missing_reason="TinyJit rows: tinychad and numpy only")
+               missing_reason="TinyJit rows: tinychad and numpy only", limit=lambda limits: limits.fma_gflops)
           for suffix, builds in (("", libraries), (" TinyJit", jitted)) for n in sizes]
 
 

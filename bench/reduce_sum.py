@@ -35,7 +35,8 @@ def tinygrad_sum(n: int):
 def cases(quick: bool) -> list[Case]:
   n = 1 << 20 if quick else 1 << 24
   libraries = {"tinychad": tinychad_sum, "torch": torch_sum, "numpy": numpy_sum, "tinygrad": tinygrad_sum}
-  return [Case(f"sum {n >> 20}M", "GB/s", 4 * n / 1e9, {name: (lambda build=build: build(n)) for name, build in libraries.items()})]
+  return [Case(f"sum {n >> 20}M", "GB/s", 4 * n / 1e9, {name: (lambda build=build: build(n)) for name, build in libraries.items()},
+               limit=lambda limits: limits.sum_gbs)]
 
 
 if __name__ == "__main__": main([f"bench.{Path(__file__).stem}"])

@@ -6,12 +6,14 @@ out: C99 source of one function `void <name>(T0* restrict data0, const T1* restr
 Every IR value becomes one typed local variable, so each float16 op rounds to half once, as numpy
 does, and the C mirrors the IR line by line. Integer division and remainder are guarded so a zero
 divisor gives 0 (numpy's answer) instead of a crash.
-SIMD values (vec > 1) use GCC vector extensions: `+ - *` (and float `/`, `-x`) are native vector
-operators, with scalars broadcast by the language; every other op is the scalar expression applied
-lane by lane in a fixed-count loop, which gcc vectorizes where the target allows. Vector loads and
-stores go through a typedef aligned to the element, since a lane group may start anywhere.
-float32 exp2 and log2 call the branch-free polynomials in POLY_MATH (defined in the kernel's source)
-instead of libm, whose calls stop the lane loop from vectorizing; float64 and float16 keep libm.
+SIMD values (vec > 1) use GCC vector extensions (clang has them too): `+ - * /`, negation, bitwise
+ops, compares (lane masks, stored as bool bytes), selects and max (bit blends through a mask), casts
+(__builtin_convertvector) and float32 exp2/log2 (vector polynomials, renderer/cmath.py) are whole
+vector operations. Anything else is the scalar expression applied lane by lane in a fixed-count
+loop, which gcc leaves scalar: measured, a 16-lane loop of exp2 ran 4x slower than the vector
+function. Vector loads and stores go through a typedef aligned to the element, since a lane group
+may start anywhere. Scalar float32 exp2 and log2 call the scalar polynomials (no libm call in a
+kernel's hot loop); float64 and float16 keep libm.
 """
 from __future__ import annotations
 import math
@@ -19,6 +21,7 @@ import numpy as np
 from tinychad.dtype import DType, dtypes
 from tinychad.ops import UnaryOps, BinaryOps, TernaryOps, COMPARISONS
 from tinychad.codegen.linearize import Program, UOp, UOps
+from tinychad.renderer.cmath import POLY_MATH, SCALAR_MAX, VECTOR_MATH, blend
 
 
 def render_const(value, dtype: DType) -> str:
@@ -45,68 +48,6 @@ def render_const(value, dtype: DType) -> str:
 def _math_fn(name: str, dtype: DType) -> str:
   # float32 and float16 use the float versions of libm functions; float16 converts implicitly
   return name if dtype == dtypes.float64 else name + "f"
-
-
-# float32 exp2/log2 without libm: straight-line code (selects, no branches or calls) so that gcc
-# vectorizes a lane loop over them. Both are within 3 ulp of the exact result over the whole float32
-# range, with numpy's answers for inf, -inf, NaN, 0, negatives, overflow and denormals.
-POLY_MATH = {
-  (UnaryOps.EXP2, dtypes.float32): ("tc_exp2f", """static inline float tc_exp2f(float x) {
-  // clamp (NaN goes to -150, its result is replaced at the end): outside [-150, 128] the result is 0 or inf
-  float c = x > -150.0f ? x : -150.0f;
-  c = c < 128.0f ? c : 128.0f;
-  // 2^x = 2^k * 2^f with k = round(x) (adding 1.5*2^23 rounds to an integer) and f in [-0.5, 0.5]
-  float k = (c + 12582912.0f) - 12582912.0f, f = c - k;
-  // 2^f: least-squares fit of (2^f - 1)/f, relative error 3e-9 before rounding
-  float p = 1.0f + f*(0x1.62e43p-1f + f*(0x1.ebfbdep-3f + f*(0x1.c6aef8p-5f + f*(0x1.3b2cb8p-7f + f*(0x1.5f3524p-10f + f*0x1.424b68p-13f)))));
-  // 2^k in two normal halves, so k = 128 overflows to inf and k < -126 gives a denormal rounded once
-  int ki = (int)k, k1 = ki >> 1, k2 = ki - k1;
-  int bits1 = (k1 + 127) << 23, bits2 = (k2 + 127) << 23;
-  float scale1, scale2;
-  __builtin_memcpy(&scale1, &bits1, 4);
-  __builtin_memcpy(&scale2, &bits2, 4);
-  float r = p * scale1 * scale2;
-  return x != x ? x : r;
-}"""),
-  (UnaryOps.LOG2, dtypes.float32): ("tc_log2f", """static inline float tc_log2f(float x) {
-  // denormals are scaled into the normal range first (the exponent field is then 23 too large)
-  int denormal = x < 0x1p-126f;
-  float xs = denormal ? x * 0x1p23f : x;
-  int bits;
-  __builtin_memcpy(&bits, &xs, 4);
-  int e = ((bits >> 23) & 255) - (denormal ? 150 : 127);
-  // mantissa m in [1, 2), moved to [sqrt(1/2), sqrt(2)) so that t below stays small
-  int mbits = (bits & 0x7fffff) | 0x3f800000;
-  float m;
-  __builtin_memcpy(&m, &mbits, 4);
-  int big = m > 1.41421356f;
-  m = big ? m * 0.5f : m;
-  e = e + big;
-  // log2(m) = 2/ln2 * atanh(t), t = (m-1)/(m+1) (m-1 is exact): the odd series to t^11, |t| < 0.172
-  float t = (m - 1.0f) / (m + 1.0f), t2 = t * t;
-  float p = t*(0x1.715476p+1f + t2*(0x1.ec709ep-1f + t2*(0x1.2776c6p-1f + t2*(0x1.a61762p-2f + t2*(0x1.484b14p-2f + t2*0x1.0c9a84p-2f)))));
-  float r = (float)e + p;
-  r = x == __builtin_inff() ? x : r;
-  r = x == 0.0f ? -__builtin_inff() : r;
-  return x < 0.0f ? __builtin_nanf("") : x != x ? x : r;
-}"""),
-}
-
-
-def _select_max(name: str, ctype: str, itype: str) -> str:
-  return f"""static inline {ctype} {name}({ctype} a, {ctype} b) {{
-  // max with NaN winning, as a SIMD compare-and-select in lane 0: written as a scalar ternary, gcc
-  // compiles a max (a ReLU, a max-pool) into a branch on the data, which mispredicts half the time
-  typedef {ctype} vf __attribute__((vector_size(16)));
-  typedef {itype} vi __attribute__((vector_size(16)));
-  vf va = {{a}}, vb = {{b}};
-  vi keep_a = (va > vb) | (va != va);
-  return ((vf)(((vi)va & keep_a) | ((vi)vb & ~keep_a)))[0];
-}}"""
-
-
-SCALAR_MAX = {dtypes.float32: ("tc_maxf", _select_max("tc_maxf", "float", "int")),
-              dtypes.float64: ("tc_max", _select_max("tc_max", "double", "long long"))}
 
 
 def _is_safe_divisor(u: UOp) -> bool:
@@ -178,7 +119,10 @@ class CRenderer:
 
   def splat(self, ref: str, src: UOp, vec: int) -> str:
     """A scalar operand broadcast to the vector type of the same dtype (vectors pass through)."""
-    return ref if src.vec > 1 else f"(({self.type_name(src.dtype, vec)}){{}} + {ref})"
+    if src.vec > 1: return ref
+    # bool lanes are bytes: C won't add a _Bool to a vector of them
+    scalar = f"(unsigned char){ref}" if src.dtype == dtypes.bool else ref
+    return f"(({self.type_name(src.dtype, vec)}){{}} + {scalar})"
 
   def vector_alu(self, u: UOp, name: str) -> list[str]:
     """A SIMD ALU op: a native vector operator where C has one, else the scalar expression per lane."""
@@ -189,6 +133,23 @@ class CRenderer:
       if op is UnaryOps.NEG: return [f"{vtype} {name} = -{s[0]};"]
       return [f"{vtype} {name} = {s[0]}{_INFIX.get(op, '/')}{s[1]};"]
     operands = [x.dtype for x in u.srcs]
+    if (op, u.dtype) in VECTOR_MATH and operands[0] == u.dtype:
+      prefix, define = VECTOR_MATH[(op, u.dtype)]
+      helper = f"{prefix}_{vtype}"
+      self.helpers[helper] = define(helper, vtype, self.type_name(_MASK_INT[u.dtype.itemsize], u.vec))
+      return [f"{vtype} {name} = {helper}({s[0]});"]
+    if op is BinaryOps.MAX and native and u.dtype.itemsize in _MASK_INT:
+      # NaN wins, as in numpy.maximum: keep a where a > b or a is NaN
+      mtype = self.type_name(_MASK_INT[u.dtype.itemsize], u.vec)
+      a, b = (self.splat(x, src, u.vec) for x, src in zip(s, u.srcs))
+      keep = f"({a} > {b}) | ({a} != {a})" if u.dtype.is_float else f"{a} > {b}"
+      return [f"{mtype} {name}m = {keep};", f"{vtype} {name} = {blend(name + 'm', a, b, mtype, vtype)};"]
+    if op is UnaryOps.RECIP and native and u.dtype.is_float: return [f"{vtype} {name} = 1 / {s[0]};"]
+    if op in (BinaryOps.AND, BinaryOps.OR, BinaryOps.XOR) and all(x == u.dtype for x in operands) and not u.dtype.is_float:
+      a, b = (self.splat(x, src, u.vec) for x, src in zip(s, u.srcs))
+      return [f"{vtype} {name} = {a}{_INFIX[op]}{b};"]
+    if op is UnaryOps.CAST and u.srcs[0].vec > 1 and _converts_exactly(operands[0], u.dtype):
+      return [f"{vtype} {name} = __builtin_convertvector({s[0]}, {vtype});"]
     if op in COMPARISONS and operands[0] in _NATIVE_VECTOR_DTYPES and operands[0] == operands[1]:
       # a vector compare gives lanes of -1/0 as wide as its operands; bool lanes are bytes of 1/0
       both = [self.splat(x, src, u.vec) for x, src in zip(s, u.srcs)]
@@ -278,6 +239,13 @@ _NATIVE_VECTOR_DTYPES = {dtypes.float32, dtypes.float64, dtypes.int32, dtypes.in
 # the integer type whose lanes are as wide as a value's: the mask a vector compare makes
 _MASK_INT = {4: dtypes.int32, 8: dtypes.int64}
 _NATIVE_VECTOR_OPS = {BinaryOps.ADD, BinaryOps.SUB, BinaryOps.MUL, UnaryOps.NEG}
+
+
+def _converts_exactly(src: DType, dst: DType) -> bool:
+  """A vector conversion gives what the scalar C cast gives on every lane: bool lanes (0/1) and the
+  native dtypes convert as C does (float to int32/int64 with the same x86 truncating instructions),
+  but not to bool, where C tests != 0 and a conversion would truncate."""
+  return src in _NATIVE_VECTOR_DTYPES | {dtypes.bool} and dst in _NATIVE_VECTOR_DTYPES
 
 
 def render_c(program: Program) -> str:
