@@ -142,3 +142,17 @@ def test_convolution_gradients_are_window_sums_without_scatter():
   items = [item for g in (x.grad, w.grad) for item in g.schedule() if item.is_kernel]
   assert all(len(load.arg[1].views) <= 2 for item in items for load in _loads(item))
   assert sum(1 for item in items if any(isinstance(n.op, ReduceOps) for n in item.ast.walk())) == 2
+
+
+def test_whole_tensor_sum_splits_so_threads_share_it(monkeypatch):
+  x = rand(1 << 20)
+  items = x.sum().schedule()
+  # 64 partial sums (an output loop threads can split), then their total
+  assert [item.output.size for item in items] == [64, 1]
+  np.testing.assert_allclose(x.sum().numpy(), x.numpy().astype(np.float64).sum(), rtol=1e-5, atol=1e-3)
+  np.testing.assert_allclose(x.reshape(2, -1).max(1).numpy(), x.numpy().reshape(2, -1).max(1))
+  # short reduces, float16 and NOOPT keep one kernel
+  assert len(rand(4096).sum().schedule()) == 1
+  assert len(x.half().realize().sum().schedule()) == 1
+  monkeypatch.setenv("NOOPT", "1")
+  assert len(x.sum().schedule()) == 1

@@ -9,7 +9,12 @@ from __future__ import annotations
 import numpy as np
 from tinychad.dtype import DType, dtypes
 from tinychad.ops import UnaryOps, BinaryOps, TernaryOps, ReduceOps, LoadOps, COMPARISONS, Op
+from tinychad.helpers import getenv
 from tinychad.view import ShapeTracker, prod
+
+# a reduce with this many inputs per output (or more) and fewer than SPLIT_PARTS outputs is split in two
+SPLIT_MIN_REDUCE = 1 << 17
+SPLIT_PARTS = 64
 
 
 class LazyBuffer:
@@ -71,7 +76,28 @@ class LazyBuffer:
     """Reduce over `axis`, keeping those axes as size 1."""
     new_shape = tuple(1 if i in axis else s for i, s in enumerate(self.shape))
     if new_shape == self.shape: return self
+    split = self._split_reduce(op, tuple(sorted(axis)), new_shape)
+    if split is not None: return split
     return LazyBuffer(self.device, ShapeTracker.from_shape(new_shape), self.dtype, op, tuple(sorted(axis)), (self,))
+
+  def _split_reduce(self, op: ReduceOps, axis: tuple[int, ...], new_shape: tuple[int, ...]) -> LazyBuffer | None:
+    """A long reduce into a few outputs as two reduces: SPLIT_PARTS partial results, then their total.
+    Threads share out a kernel's output loop, so a sum of a whole tensor would run on one core; the
+    first stage gives them SPLIT_PARTS outputs. Not for float16 (its partial results would round to
+    half) nor with NOOPT=1 (plain kernels)."""
+    outputs = prod(new_shape)
+    if outputs >= SPLIT_PARTS or self.size // max(outputs, 1) < SPLIT_MIN_REDUCE: return None
+    if self.dtype == dtypes.float16 or getenv("NOOPT", 0): return None
+    candidates = [a for a in axis if self.shape[a] % SPLIT_PARTS == 0 and self.shape[a] >= SPLIT_PARTS * 64]
+    if not candidates: return None
+    # split the longest reduce axis into (SPLIT_PARTS, rest); a reshape that needs a second view
+    # would make every load do index arithmetic, so such inputs keep the single reduce
+    ax = max(candidates, key=lambda a: self.shape[a])
+    split_st = self.st.reshape(self.shape[:ax] + (SPLIT_PARTS, self.shape[ax] // SPLIT_PARTS) + self.shape[ax + 1:])
+    if len(split_st.views) > len(self.st.views): return None
+    inner = tuple(a + 1 if a >= ax else a for a in axis)     # every reduce axis, with ax now its inner half
+    partial = self._view(split_st).r(op, inner)               # SPLIT_PARTS outputs along axis ax
+    return partial.r(op, (ax,)).reshape(new_shape)
 
   def cast(self, dtype: DType) -> LazyBuffer:
     return self if dtype == self.dtype else self.e(UnaryOps.CAST, arg=dtype)
