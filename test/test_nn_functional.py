@@ -52,6 +52,17 @@ def test_conv2d_channels_last_input():
           lambda x, w: x.permute(0, 3, 1, 2).conv2d(w.permute(3, 2, 0, 1), padding=1), atol=CONV_ATOL)
 
 
+@pytest.mark.parametrize("groups", [1, 2])
+def test_conv2d_weight_gradient_summed_in_batch_parts(monkeypatch, groups):
+  """A large output gradient is summed over the batch in parts (_batch_parts); shrink the budget so
+  these small shapes take that path: 2 samples of 4x4 positions x 8 channels per part."""
+  import tinychad.nn.functional as F
+  monkeypatch.setattr(F, "WEIGHT_GRAD_PART_BYTES", 2 * 4 * 4 * 8 * 4)
+  assert F._batch_parts(6, 4 * 4 * 8 * 4) == 3
+  compare([(6, 32, 6, 6), (8, 32 // groups, 3, 3)], lambda x, w: TF.conv2d(x, w, groups=groups),
+          lambda x, w: x.conv2d(w, groups=groups), atol=CONV_ATOL)
+
+
 CONV1D = [
   dict(x=(2, 3, 9), w=(4, 3, 3)),
   dict(x=(1, 2, 10), w=(2, 2, 4), stride=3, padding=2),

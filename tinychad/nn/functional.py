@@ -113,6 +113,9 @@ def _flipped_transposed(weight: Tensor, groups: int) -> Tensor:
 # a channels-last copy of the output gradient pays for itself when each of its elements feeds this
 # many multiply-adds of the weight gradient (cin/groups * kernel size); below, the copy costs more
 CHANNELS_LAST_GRAD_MIN_WORK = 128
+# the weight gradient re-reads the whole output gradient once per register tile of weights: from L2 when
+# it is at most this big (half of this Xeon's 2 MiB L2), else the batch is summed in parts that fit
+WEIGHT_GRAD_PART_BYTES = 1 << 20
 
 
 def _weight_gradient(windows: Tensor, grad: Tensor, groups: int, out_group: int) -> Tensor:
@@ -130,12 +133,23 @@ def _weight_gradient(windows: Tensor, grad: Tensor, groups: int, out_group: int)
     return (windows * grad_r.reshape((groups, out_group, 1) + (1,) * n + (bs,) + outs)).sum(tuple(range(-1 - n, 0)))
   # outputs (groups, cin_group, *kernel, out_group): like the forward, SIMD lanes run over output channels,
   # contiguous in a channels-last copy of the gradient, and each gradient vector serves several weights
-  windows = windows.reshape((groups, cin_group) + kernel + (1, bs) + outs)
+  # the batch is cut into `parts` (an outer, parallel axis) whose weight gradients are summed after:
+  # each part's gradient then stays in L2 while every register tile of weights streams over it
+  parts = _batch_parts(bs, math.prod(outs) * groups * out_group * grad.dtype.itemsize)
+  windows = windows.reshape((groups, cin_group) + kernel + (parts, bs // parts) + outs)
+  windows = windows.permute((2 + n,) + tuple(i for i in range(windows.ndim) if i != 2 + n))
+  windows = windows.reshape((parts, groups, cin_group) + kernel + (1, bs // parts) + outs)
   grad_cl = grad.permute((0,) + tuple(2 + i for i in range(n)) + (1,)).contiguous().reshape((bs,) + outs + (groups, out_group))
-  grad_cl = grad_cl.permute((1 + n, 2 + n, 0) + tuple(1 + i for i in range(n)))
-  grad_cl = grad_cl.reshape((groups, 1) + (1,) * n + (out_group, bs) + outs)
-  out = (windows * grad_cl).sum(tuple(range(-1 - n, 0)))
+  grad_cl = grad_cl.permute((1 + n, 2 + n, 0) + tuple(1 + i for i in range(n)))      # (groups, out_group, bs, *outs)
+  grad_cl = grad_cl.reshape((groups, out_group, parts, bs // parts) + outs).permute((2, 0, 1) + tuple(range(3, 4 + n)))
+  grad_cl = grad_cl.reshape((parts, groups, 1) + (1,) * n + (out_group, bs // parts) + outs)
+  out = (windows * grad_cl).sum(tuple(range(-1 - n, 0))).sum(0)
   return out.permute((0, 2 + n, 1) + tuple(2 + i for i in range(n)))
+
+
+def _batch_parts(bs: int, sample_bytes: int) -> int:
+  """The fewest parts (a divisor of bs) whose share of the output gradient fits WEIGHT_GRAD_PART_BYTES."""
+  return next((p for p in range(1, bs + 1) if bs % p == 0 and bs // p * sample_bytes <= WEIGHT_GRAD_PART_BYTES), bs)
 
 
 class Conv(Function):
