@@ -13,11 +13,13 @@ one changes rather than replaying a stale value.
 """
 from __future__ import annotations
 import functools
+import time
 import types
 import weakref
 from typing import Any, Callable
 from tinychad.device import Buffer, Device
 from tinychad.engine import schedule
+from tinychad.helpers import DEBUG
 from tinychad.lazy import LazyBuffer
 from tinychad.ops import LoadOps
 from tinychad.tensor import Tensor
@@ -171,10 +173,15 @@ class TinyJit:
     for _, after, _, _ in rec.assigned_after: fresh[id(after)] = Buffer(after.device, after.size, after.dtype).allocate()
     swap.update(fresh)
     for buf, redraw in rec.random: swap[id(buf)] = Buffer(buf.device, buf.size, buf.dtype).copyin(redraw())
+    debug = DEBUG()
     for item, bufs in rec.steps:
       mapped = [swap.get(id(b), b) for b in bufs]
-      if item is None: mapped[0].copyin(mapped[1].as_numpy())
-      else: Device[item.output.device].exec(item, mapped)
+      if item is None:
+        mapped[0].copyin(mapped[1].as_numpy())
+        continue
+      start = time.perf_counter() if debug >= 2 else 0.0
+      Device[item.output.device].exec(item, mapped)
+      if debug >= 2: print(f"  replay {item.name:30s} {item.output.device:6s} {(time.perf_counter() - start) * 1e6:9.1f} us")
     for tensor, after, base_shape, st in rec.assigned_after:
       tensor.lazydata = _wrap(swap[id(after)], base_shape, st)
     outs = [Tensor(_wrap(swap[id(buf)], base_shape, st)) for buf, base_shape, st in rec.outputs]

@@ -413,14 +413,19 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Ten
   if q.shape[-1] != k.shape[-1] or k.shape[-2] != v.shape[-2]:
     raise ValueError(f"scaled_dot_product_attention: q {_shape_str(q.shape)}, k {_shape_str(k.shape)}, v {_shape_str(v.shape)} don't fit")
   scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
-  scores = (q @ k.transpose(-1, -2)) * scale
+  # keys as (..., dim, source), contiguous along source: the score matmul then runs SIMD lanes along
+  # its output; read through the transposed view, its only contiguous axis is the reduce
+  scores = (q @ k.transpose(-1, -2).contiguous()) * scale
   if is_causal:
     length, source = q.shape[-2], k.shape[-2]
     causal = Tensor.ones(length, source, dtype=dtypes.bool, device=q.device).tril()
     scores = causal.where(scores, -math.inf)
   if attn_mask is not None:
     scores = attn_mask.where(scores, -math.inf) if attn_mask.dtype == dtypes.bool else scores + attn_mask
-  # a query that may see no key gets zero weights (PyTorch's math backend), not the 0/0 of a softmax over -inf
-  weights = (scores.max(-1, keepdim=True) == -math.inf).detach().where(0.0, scores.softmax(-1))
+  # the softmax, written out so its row maximum also tells which queries see no key: those get zero
+  # weights (PyTorch's math backend), not the 0/0 of a softmax over -inf
+  top = scores.max(-1, keepdim=True).detach()
+  shifted = (scores - top).exp()
+  weights = (top == -math.inf).where(0.0, shifted / shifted.sum(-1, keepdim=True))
   if dropout_p > 0: weights = weights.dropout(dropout_p)
   return weights @ v
