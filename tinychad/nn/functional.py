@@ -426,6 +426,6 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Ten
   # weights (PyTorch's math backend), not the 0/0 of a softmax over -inf
   top = scores.max(-1, keepdim=True).detach()
   shifted = (scores - top).exp()
-  weights = (top == -math.inf).where(0.0, shifted / shifted.sum(-1, keepdim=True))
+  weights = (top == -math.inf).where(0.0, shifted * shifted.sum(-1, keepdim=True).reciprocal())
   if dropout_p > 0: weights = weights.dropout(dropout_p)
   return weights @ v
