@@ -8,7 +8,7 @@ out: a graph of LazyBuffers. A *base* LazyBuffer computes a contiguous buffer fr
 from __future__ import annotations
 import numpy as np
 from tinychad.dtype import DType, dtypes
-from tinychad.ops import UnaryOps, BinaryOps, TernaryOps, ReduceOps, LoadOps, COMPARISONS, Op
+from tinychad.ops import UnaryOps, TernaryOps, ReduceOps, LoadOps, COMPARISONS, Op
 from tinychad.helpers import getenv
 from tinychad.view import ShapeTracker, prod
 

@@ -8,14 +8,13 @@ of ops.py). Shapes, axes and dtypes are checked here, at the user's call, so err
 from __future__ import annotations
 import math
 from contextlib import ContextDecorator
-from typing import Sequence
 import numpy as np
 from tinychad import function as F
 from tinychad.device import Device
 from tinychad.dtype import DType, dtypes, result_type, scalar_dtype, promote_types
 from tinychad.helpers import argfix, prod
 from tinychad.lazy import LazyBuffer
-from tinychad.ops import BinaryOps, LoadOps
+from tinychad.ops import BinaryOps
 
 Scalar = int | float | bool
 

@@ -8,9 +8,10 @@ out: a Program: a flat, typed list of UOps (loops, index arithmetic, guarded loa
 Before lowering, size-1 axes are dropped and neighbouring axes that every view walks contiguously
 are merged, so an elementwise kernel over a contiguous tensor becomes one flat loop. Then opt.py
 picks lanes: dims that are unrolled (a register tile, several accumulators) and the dim whose lanes
-form SIMD values (`vec` > 1). Each value is lowered once per unrolled lane; a leaf whose lanes read
-one element stays scalar (broadcast by its users), consecutive elements become one vector load, and
-anything else loads each lane and gathers them (VECTORIZE), so every view pattern stays correct.
+form SIMD values (`vec` > 1); a caller may pass its own Opts instead (the BEAM search does, made from
+`opt_inputs`). Each value is lowered once per unrolled lane; a leaf whose lanes read one element
+stays scalar (broadcast by its users), consecutive elements become one vector load, and anything
+else loads each lane and gathers them (VECTORIZE), so every view pattern stays correct.
 The first non-reduce loop is `parallel`: the function takes its [start, end) as two more int64 args.
 """
 from __future__ import annotations
@@ -18,10 +19,10 @@ from dataclasses import dataclass, field
 from enum import Enum, auto
 from typing import Any
 from tinychad.dtype import DType, dtypes
-from tinychad.ops import UnaryOps, BinaryOps, TernaryOps, ReduceOps, BufferOps, KernelNode
+from tinychad.ops import Op, UnaryOps, BinaryOps, TernaryOps, ReduceOps, BufferOps, KernelNode
 from tinychad.view import ShapeTracker, View
 from tinychad.codegen.symbolic import Node, Num, Var, Sum, Mul, Div, Mod, Lt, Ge, And, to_node, fits_int32
-from tinychad.codegen.opt import LeafAccess, choose_opts
+from tinychad.codegen.opt import LeafAccess, Opts, choose_opts
 
 
 class UOps(Enum):
@@ -238,19 +239,25 @@ class _Lowerer:
     return out
 
   # -- the kernel --
-  def lower(self) -> Program:
+  def analyze(self) -> tuple[list[tuple[int, bool]], list[LeafAccess], set[DType], set[Op]]:
+    """Simplify the dims and describe the leaves: the arguments of opt.choose_opts."""
     store = self.ast
     out_shape = store.arg[1].shape
     full_shape = self.reduce.arg[1] if self.reduce is not None else out_shape
     reduce_axes = tuple(self.reduce.arg[0]) if self.reduce is not None else ()
     self.below = {id(n) for n in self.reduce.walk()} if self.reduce is not None else set()
-    leaves = [n for n in store.walk() if n.op in (BufferOps.LOAD, BufferOps.CONST)] + [store]
-    self.dims, views = simplify_dims(full_shape, reduce_axes, [_top(n.arg[1]) for n in leaves])
-    self.views = {id(n): v for n, v in zip(leaves, views)}
+    self.leaves = [n for n in store.walk() if n.op in (BufferOps.LOAD, BufferOps.CONST)] + [store]
+    self.dims, views = simplify_dims(full_shape, reduce_axes, [_top(n.arg[1]) for n in self.leaves])
+    self.views = {id(n): v for n, v in zip(self.leaves, views)}
     nodes = store.walk()
-    access = [LeafAccess(self.strides(n), n.op is BufferOps.LOAD, n is store, id(n) in self.below) for n in leaves]
-    self.opts = choose_opts(self.dims, access, {n.dtype for n in nodes} | {n.arg for n in nodes if n.op is UnaryOps.CAST},
-                            {n.op for n in nodes})
+    access = [LeafAccess(self.strides(n), n.op is BufferOps.LOAD, n is store, id(n) in self.below) for n in self.leaves]
+    dtypes_used = {n.dtype for n in nodes} | {n.arg for n in nodes if n.op is UnaryOps.CAST}
+    return self.dims, access, dtypes_used, {n.op for n in nodes}
+
+  def lower(self, opts: Opts | None = None) -> Program:
+    store, inputs = self.ast, self.analyze()
+    leaves = self.leaves
+    self.opts = opts if opts is not None else choose_opts(*inputs)
     names, counts = [], {True: 0, False: 0}
     for size, is_reduce in self.dims:
       names.append(f"{'r' if is_reduce else 'g'}idx{counts[is_reduce]}")
@@ -387,7 +394,20 @@ def _consecutive(exprs: list[tuple[Node, Node | None]]) -> bool:
 _FLOAT_ONLY = {UnaryOps.EXP2, UnaryOps.LOG2, UnaryOps.SIN, UnaryOps.SQRT}
 
 
-def linearize(ast: KernelNode, name: str) -> Program:
-  """Lower a STORE-rooted kernel tree to linear IR."""
+def _check_root(ast: KernelNode) -> None:
   if ast.op is not BufferOps.STORE: raise ValueError(f"linearize needs a STORE root, got {ast.op}")
-  return _Lowerer(ast, name).lower()
+
+
+def opt_inputs(ast: KernelNode) -> tuple[list[tuple[int, bool]], list[LeafAccess], set[DType], set[Op]]:
+  """What opt.choose_opts (and opt.candidate_opts) take for this kernel: its simplified dims, one
+  LeafAccess per LOAD/CONST/STORE, the dtypes and the ops it uses. An Opts chosen from them fits
+  `linearize(ast, name, opts)`."""
+  _check_root(ast)
+  return _Lowerer(ast, "").analyze()
+
+
+def linearize(ast: KernelNode, name: str, opts: Opts | None = None) -> Program:
+  """Lower a STORE-rooted kernel tree to linear IR, with the given lanes and loop order (`opts`,
+  made for this kernel's opt_inputs) or else the ones opt.choose_opts picks."""
+  _check_root(ast)
+  return _Lowerer(ast, name).lower(opts)

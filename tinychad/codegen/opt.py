@@ -24,6 +24,8 @@ The heuristics, in order (every choice needs the axis size to divide evenly, so 
     Axes B doesn't move along keep their natural order (a convolution's batch axis stays
     outermost: moving it inward would stride through the activations).
 `NOOPT=1` returns plain loops (no lanes, natural order); the scheduler then packs nothing either.
+For the BEAM search (search.py), `candidate_opts` lists valid alternatives to the heuristic's choice
+(the heuristic's first) and `order_variants` the other loop orders of one of them.
 """
 from __future__ import annotations
 import functools
@@ -45,6 +47,15 @@ TILE_AMOUNTS = (8, 6, 4, 3, 2)       # register-tile unroll per reuse axis, firs
 # power-of-two size and there are no remainder loops.
 MAX_TILE_ACCUMULATORS = 16
 TILE_ROW_VECTORS = 2           # SIMD vectors along a non-reduce vector axis in a register tile
+REDUCE_ACCUMULATORS = 4        # vector partial sums of a reduce along the vector axis, without a tile
+# the search may try more than the heuristic does: which tile wins depends on the machine and the shape
+SEARCH_MAX_ACCUMULATORS = 32
+SEARCH_ROW_VECTORS = (1, 2, 4)
+SEARCH_REDUCE_ACCUMULATORS = (1, 2, 4, 8)
+
+
+Dims = list[tuple[int, bool]]          # (size, is_reduce) per axis
+Vector = tuple[int, int] | None        # (axis, width) of the SIMD lanes, or none
 
 
 @dataclass
@@ -58,7 +69,7 @@ class LeafAccess:
 @dataclass
 class Opts:
   upcast: dict[int, int] = field(default_factory=dict)
-  vector: tuple[int, int] | None = None
+  vector: Vector = None
   order: list[int] = field(default_factory=list)
 
 
@@ -86,18 +97,27 @@ def _contiguous_along(leaf: LeafAccess, d: int, reduce_dim: bool) -> str | None:
   return "same" if stride == 0 else "next" if stride == 1 else None
 
 
-def _pick_vector(dims: list[tuple[int, bool]], leaves: list[LeafAccess], width: int) -> int | None:
+def _vector_score(dims: Dims, leaves: list[LeafAccess], d: int, width: int) -> int | None:
+  """How well dim d takes `width` SIMD lanes: None when width doesn't divide it or some access along
+  it is neither one element nor consecutive ones, else higher for more consecutive accesses and for
+  a non-reduce axis."""
+  size, is_reduce = dims[d]
+  if size % width != 0: return None
+  touching = [leaf for leaf in leaves if leaf.is_load or (leaf.is_store and not is_reduce)]
+  kinds = [_contiguous_along(leaf, d, is_reduce) for leaf in touching]
+  if None in kinds or "next" not in kinds: return None
+  return kinds.count("next") + (0 if is_reduce else len(leaves))
+
+
+def _pick_vector(dims: Dims, leaves: list[LeafAccess], width: int) -> int | None:
   best, best_score = None, 0
-  for d, (size, is_reduce) in enumerate(dims):
-    if size % width != 0: continue
-    kinds = [_contiguous_along(leaf, d, is_reduce) for leaf in leaves if leaf.is_load or (leaf.is_store and not is_reduce)]
-    if None in kinds or "next" not in kinds: continue
-    score = kinds.count("next") + (0 if is_reduce else len(leaves))
-    if score > best_score: best, best_score = d, score
+  for d in range(len(dims)):
+    score = _vector_score(dims, leaves, d, width)
+    if score is not None and score > best_score: best, best_score = d, score
   return best
 
 
-def _reuse_axes(dims: list[tuple[int, bool]], leaves: list[LeafAccess], skip: int | None) -> list[int]:
+def _reuse_axes(dims: Dims, leaves: list[LeafAccess], skip: int | None) -> list[int]:
   """Non-reduce axes along which a load inside the reduce stays put: its lanes share that load."""
   loads = [leaf for leaf in leaves if leaf.is_load and leaf.below_reduce]
   axes = []
@@ -108,7 +128,7 @@ def _reuse_axes(dims: list[tuple[int, bool]], leaves: list[LeafAccess], skip: in
   return axes
 
 
-def _panel_axes(dims: list[tuple[int, bool]], leaves: list[LeafAccess], tile: list[int], vec: int) -> list[int]:
+def _panel_axes(dims: Dims, leaves: list[LeafAccess], tile: list[int], vec: int) -> list[int]:
   """Non-reduce axes besides the vector axis along which a load shared by the tile (stride 0 along
   every tile axis: B in a matmul) moves: with the vector axis they pick the panel of B that the tile
   axes sweep over (a matmul whose B was packed has its vector axis split in two, and both go here)."""
@@ -117,33 +137,166 @@ def _panel_axes(dims: list[tuple[int, bool]], leaves: list[LeafAccess], tile: li
           and any(leaf.strides[d] != 0 for leaf in shared)]
 
 
-def choose_opts(dims: list[tuple[int, bool]], leaves: list[LeafAccess], dtypes_used: set[DType], ops_used: set[Op]) -> Opts:
-  opts = Opts(order=[d for d, (_, r) in enumerate(dims) if not r])
-  if getenv("NOOPT", 0): return opts
-  if not dtypes_used <= VECTOR_DTYPES or ops_used & SCALAR_ONLY_OPS: return opts
-  # the widest vector that some axis divides: a 24-wide convolution row still gets 8 lanes
-  vec, full_width = None, simd_bytes() // max(dt.itemsize for dt in dtypes_used)
-  for width in (full_width, full_width // 2, full_width // 4):
-    if width >= MIN_VECTOR_WIDTH: vec = _pick_vector(dims, leaves, width)
-    if vec is not None: break
-  if vec is not None: opts.vector, opts.upcast[vec] = (vec, width), width
+def _natural_order(dims: Dims) -> list[int]: return [d for d, (_, r) in enumerate(dims) if not r]
+
+
+def _may_use_lanes(dtypes_used: set[DType], ops_used: set[Op]) -> bool:
+  return dtypes_used <= VECTOR_DTYPES and not ops_used & SCALAR_ONLY_OPS
+
+
+def _vector_widths(dtypes_used: set[DType]) -> list[int]:
+  """The SIMD widths worth trying, widest first: a full register, half and a quarter of one."""
+  full = simd_bytes() // max(dt.itemsize for dt in dtypes_used)
+  return [w for w in (full, full // 2, full // 4) if w >= MIN_VECTOR_WIDTH]
+
+
+def _wants_tile(dims: Dims) -> bool:
+  """The kernel reduces over enough elements for a register tile or extra accumulators to pay."""
   reduce_size = 1
   for size, r in dims:
     if r: reduce_size *= size
-  if reduce_size < MIN_REDUCE_FOR_TILE or all(not r for _, r in dims): return opts
-  # without a vector axis the tile is scalar accumulators, which still share every load they can
-  vec_is_reduce = vec is not None and dims[vec][1]
-  if vec is not None and not vec_is_reduce and dims[vec][0] % (TILE_ROW_VECTORS * width) == 0:
-    opts.upcast[vec] = TILE_ROW_VECTORS * width
-  budget = MAX_TILE_ACCUMULATORS // (opts.upcast[vec] // width if vec is not None else 1)
-  tile = []
+  return any(r for _, r in dims) and reduce_size >= MIN_REDUCE_FOR_TILE
+
+
+def _vector_fits(dims: Dims, vector: Vector, count: int) -> bool:
+  """`count` SIMD vectors side by side divide the vector axis."""
+  return vector is not None and dims[vector[0]][0] % (count * vector[1]) == 0
+
+
+def _build_opts(dims: Dims, leaves: list[LeafAccess], vector: Vector,
+               count: int = 1, tile: dict[int, int] | None = None) -> Opts:
+  """The Opts for one set of choices: `vector` = (axis, width) or None, `count` SIMD vectors along the
+  vector axis (a tile's row on a non-reduce axis, partial sums on a reduce axis) and `tile`, the
+  unroll of each register-tile axis. The loop order follows the heuristic's rule (module docstring)."""
+  opts, tile = Opts(order=_natural_order(dims)), tile or {}
+  if vector is not None:
+    opts.vector, opts.upcast[vector[0]] = vector, count * vector[1]
+  opts.upcast.update(tile)
+  if tile and vector is not None and not dims[vector[0]][1]:
+    vec = vector[0]
+    panel = _panel_axes(dims, leaves, list(tile), vec)
+    opts.order = [vec] + panel + [d for d in opts.order if d != vec and d not in panel]
+  return opts
+
+
+def _heuristic_vector(dims: Dims, leaves: list[LeafAccess], dtypes_used: set[DType]) -> Vector:
+  # the widest vector that some axis divides: a 24-wide convolution row still gets 8 lanes
+  for width in _vector_widths(dtypes_used):
+    vec = _pick_vector(dims, leaves, width)
+    if vec is not None: return vec, width
+  return None
+
+
+def _heuristic_tile(dims: Dims, leaves: list[LeafAccess], vec: int | None, budget: int) -> dict[int, int]:
+  """Up to two reuse axes, each unrolled by the first TILE_AMOUNT that divides it and fits the
+  accumulators left in the budget."""
+  tile = {}
   for d in _reuse_axes(dims, leaves, vec)[:2]:
     amount = next((a for a in TILE_AMOUNTS if dims[d][0] % a == 0 and a <= budget), None)
     if amount is None: continue
-    opts.upcast[d], budget = amount, budget // amount
-    tile.append(d)
-  if not tile and vec_is_reduce and dims[vec][0] % (4 * width) == 0: opts.upcast[vec] = 4 * width
-  if tile and vec is not None and not vec_is_reduce:
-    panel = _panel_axes(dims, leaves, tile, vec)
-    opts.order = [vec] + panel + [d for d in opts.order if d != vec and d not in panel]
-  return opts
+    tile[d], budget = amount, budget // amount
+  return tile
+
+
+def _complete(dims: Dims, leaves: list[LeafAccess], vector: Vector) -> Opts:
+  """The heuristic's choices around a given vector: row vectors, register tile, accumulators."""
+  if not _wants_tile(dims): return _build_opts(dims, leaves, vector)
+  # without a vector axis the tile is scalar accumulators, which still share every load they can
+  vec_is_reduce = vector is not None and dims[vector[0]][1]
+  count = TILE_ROW_VECTORS if not vec_is_reduce and _vector_fits(dims, vector, TILE_ROW_VECTORS) else 1
+  tile = _heuristic_tile(dims, leaves, vector[0] if vector is not None else None, MAX_TILE_ACCUMULATORS // count)
+  if not tile and vec_is_reduce and _vector_fits(dims, vector, REDUCE_ACCUMULATORS): count = REDUCE_ACCUMULATORS
+  return _build_opts(dims, leaves, vector, count, tile)
+
+
+def choose_opts(dims: Dims, leaves: list[LeafAccess], dtypes_used: set[DType], ops_used: set[Op]) -> Opts:
+  if getenv("NOOPT", 0) or not _may_use_lanes(dtypes_used, ops_used): return Opts(order=_natural_order(dims))
+  return _complete(dims, leaves, _heuristic_vector(dims, leaves, dtypes_used))
+
+
+# ---- candidates for the search ----
+
+def _effective_order(dims: Dims, opts: Opts) -> tuple[int, ...]:
+  """The loops that exist: a fully unrolled axis has no loop, so its place in the order is moot."""
+  return tuple(d for d in opts.order if dims[d][0] // opts.upcast.get(d, 1) > 1)
+
+
+def distinct_opts(dims: Dims, found: list[Opts]) -> list[Opts]:
+  """`found` without repeats (the first of equal ones stays): equal upcasts, vector and loops."""
+  seen, out = set(), []
+  for opts in found:
+    key = (tuple(sorted(opts.upcast.items())), opts.vector, _effective_order(dims, opts))
+    if key in seen: continue
+    seen.add(key)
+    out.append(opts)
+  return out
+
+
+def _vector_variants(dims: Dims, leaves: list[LeafAccess], dtypes_used: set[DType]) -> list[Opts]:
+  # the heuristic takes the widest vector on the axis with the most consecutive accesses; another
+  # axis, or a narrower vector (fewer shuffles, more rows in the tile), can be faster
+  return [_complete(dims, leaves, (d, width)) for width in _vector_widths(dtypes_used)
+          for d in range(len(dims)) if _vector_score(dims, leaves, d, width) is not None]
+
+
+def _vector_counts(dims: Dims, vector: Vector) -> list[int]:
+  """SIMD vectors to try along the vector axis: a tile's row on a non-reduce axis, partial sums on a
+  reduce axis."""
+  if vector is None: return [1]
+  counts = SEARCH_REDUCE_ACCUMULATORS if dims[vector[0]][1] else SEARCH_ROW_VECTORS
+  return [c for c in counts if _vector_fits(dims, vector, c)]
+
+
+def _tile_size(tile: dict[int, int]) -> int:
+  size = 1
+  for amount in tile.values(): size *= amount
+  return size
+
+
+def _tiles(dims: Dims, leaves: list[LeafAccess], vec: int | None, budget: int) -> list[dict[int, int]]:
+  """Every register tile over the first two reuse axes whose unrolls divide them and whose
+  accumulators fit the budget, the empty tile included."""
+  tiles: list[dict[int, int]] = [{}]
+  for d in _reuse_axes(dims, leaves, vec)[:2]:
+    amounts = [a for a in TILE_AMOUNTS if dims[d][0] % a == 0]
+    tiles += [{**t, d: a} for t in tiles for a in amounts if a * _tile_size(t) <= budget]
+  return tiles
+
+
+def _lane_variants(dims: Dims, leaves: list[LeafAccess], vector: Vector) -> list[Opts]:
+  # the fastest register tile depends on the register count, L1 sets and the shape, and the
+  # heuristic's budget was tuned on one machine at one size: try every tile that fits a larger one
+  if not _wants_tile(dims): return []
+  vec = vector[0] if vector is not None else None
+  vec_is_reduce = vec is not None and dims[vec][1]
+  out = []
+  for count in _vector_counts(dims, vector):
+    # partial sums along a reduce axis stand in for a tile (the tile's accumulators hide latency too)
+    if vec_is_reduce and count > 1:
+      out.append(_build_opts(dims, leaves, vector, count))
+      continue
+    tiles = _tiles(dims, leaves, vec, SEARCH_MAX_ACCUMULATORS // count)
+    out += [_build_opts(dims, leaves, vector, count, tile) for tile in tiles]
+  return out
+
+
+def candidate_opts(dims: Dims, leaves: list[LeafAccess], dtypes_used: set[DType], ops_used: set[Op]) -> list[Opts]:
+  """The lane choices worth timing, the heuristic's first, then one family varied at a time around
+  it: other vector axes and widths (each completed by the heuristic's rules), then row vectors,
+  register tiles and partial sums for the heuristic's vector. All distinct, and every upcast divides
+  its dim. Loop orders are order_variants: the search tries them on the fastest of these only."""
+  heuristic = choose_opts(dims, leaves, dtypes_used, ops_used)
+  if getenv("NOOPT", 0) or not _may_use_lanes(dtypes_used, ops_used): return [heuristic]
+  found = [heuristic] + _vector_variants(dims, leaves, dtypes_used)
+  found += _lane_variants(dims, leaves, heuristic.vector)
+  return distinct_opts(dims, found)
+
+
+def order_variants(dims: Dims, opts: Opts) -> list[Opts]:
+  """`opts` with other orders of its outer loops: reversed, and each axis moved outermost."""
+  # the order decides which operand stays in cache and which loop the threads split; the heuristic
+  # reorders only tiled kernels (by its panel rule), so a transposing copy, say, may prefer another
+  natural = _natural_order(dims)
+  orders = [natural, natural[::-1]] + [[d] + [a for a in natural if a != d] for d in natural]
+  found = [Opts(dict(opts.upcast), opts.vector, order) for order in orders]
+  return [o for o in distinct_opts(dims, [opts] + found) if o is not opts]

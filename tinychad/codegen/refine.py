@@ -14,7 +14,6 @@ from __future__ import annotations
 import functools
 import math
 from tinychad.ops import BufferOps, KernelNode, ReduceOps
-from tinychad.view import ShapeTracker
 
 Shape = tuple[int, ...]
 

@@ -65,7 +65,8 @@ def memoize(key: str, build: Callable[[], Any]) -> Any:
   return value
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
+def atomic_write(path: Path, data: bytes) -> None:
+  """Write `data` to `path` so a reader sees the old file or the whole new one (temp file, os.replace)."""
   fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
   try:
     with os.fdopen(fd, "wb") as f: f.write(data)
@@ -77,8 +78,8 @@ def _atomic_write(path: Path, data: bytes) -> None:
 
 def _write_verified(path: Path, sum_path: Path, data: bytes) -> None:
   # the file first, its checksum second: a reader that sees the new checksum sees the new file
-  _atomic_write(path, data)
-  _atomic_write(sum_path, hashlib.sha256(data).hexdigest().encode())
+  atomic_write(path, data)
+  atomic_write(sum_path, hashlib.sha256(data).hexdigest().encode())
 
 
 def _read_verified(path: Path, sum_path: Path) -> bytes | None:
@@ -181,7 +182,7 @@ def read_record(key: str) -> dict | None:
 
 def write_record(key: str, record: dict) -> None:
   directory = cache_dir()
-  if directory is not None: _atomic_write(directory / f"{key}.kernel.json", json.dumps(record).encode())
+  if directory is not None: atomic_write(directory / f"{key}.kernel.json", json.dumps(record).encode())
 
 
 def cached_library(key: str) -> ctypes.CDLL | None:
