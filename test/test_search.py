@@ -156,9 +156,10 @@ def test_cache_off_writes_nothing(monkeypatch, tmp_path):
   calls = []
   real = search.run_search
   monkeypatch.setattr(search, "run_search", lambda *args: calls.append(args) or real(*args))
-  first = search.search_opts(item.ast, item.name, "CPU", width=1)
-  second = search.search_opts(item.ast, item.name, "CPU", width=1)
-  assert len(calls) == 2 and first == second
+  # both searched (nothing read back from disk); their winners may differ, being timed on a shared machine
+  search.search_opts(item.ast, item.name, "CPU", width=1)
+  search.search_opts(item.ast, item.name, "CPU", width=1)
+  assert len(calls) == 2
   assert not list(tmp_path.glob("*.beam.json"))
 
 
