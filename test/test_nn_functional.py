@@ -53,13 +53,14 @@ def test_conv2d_channels_last_input():
 
 
 @pytest.mark.parametrize("groups", [1, 2])
-def test_conv2d_weight_gradient_summed_in_batch_parts(monkeypatch, groups):
+@pytest.mark.parametrize("cin", [32, 2])     # 32: the channels-last gradient path, 2: the lanes-along-width one
+def test_conv2d_weight_gradient_summed_in_batch_parts(monkeypatch, groups, cin):
   """A large output gradient is summed over the batch in parts (_batch_parts); shrink the budget so
   these small shapes take that path: 2 samples of 4x4 positions x 8 channels per part."""
   import tinychad.nn.functional as F
   monkeypatch.setattr(F, "WEIGHT_GRAD_PART_BYTES", 2 * 4 * 4 * 8 * 4)
   assert F._batch_parts(6, 4 * 4 * 8 * 4) == 3
-  compare([(6, 32, 6, 6), (8, 32 // groups, 3, 3)], lambda x, w: TF.conv2d(x, w, groups=groups),
+  compare([(6, cin, 6, 6), (8, cin // groups, 3, 3)], lambda x, w: TF.conv2d(x, w, groups=groups),
           lambda x, w: x.conv2d(w, groups=groups), atol=CONV_ATOL)
 
 

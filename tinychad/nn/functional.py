@@ -128,9 +128,14 @@ def _weight_gradient(windows: Tensor, grad: Tensor, groups: int, out_group: int)
   windows = windows.permute((1, 2) + tuple(3 + n + i for i in range(n)) + (0,) + tuple(3 + i for i in range(n)))
   if cin_group * math.prod(kernel) < CHANNELS_LAST_GRAD_MIN_WORK:
     # outputs (groups, out_group, cin_group, *kernel): SIMD lanes run along the output width, a reduce axis
-    windows = windows.reshape((groups, 1, cin_group) + kernel + (bs,) + outs)
+    # summed over the batch in parts that fit L2, as below
+    parts = _batch_parts(bs, math.prod(outs) * groups * out_group * grad.dtype.itemsize)
+    windows = windows.reshape((groups, 1, cin_group) + kernel + (parts, bs // parts) + outs)
+    windows = windows.permute((3 + n,) + tuple(i for i in range(windows.ndim) if i != 3 + n))
     grad_r = grad.reshape((bs, groups, out_group) + outs).permute((1, 2, 0) + tuple(3 + i for i in range(n)))
-    return (windows * grad_r.reshape((groups, out_group, 1) + (1,) * n + (bs,) + outs)).sum(tuple(range(-1 - n, 0)))
+    grad_r = grad_r.reshape((groups, out_group, parts, bs // parts) + outs).permute((2, 0, 1) + tuple(range(3, 4 + n)))
+    grad_r = grad_r.reshape((parts, groups, out_group, 1) + (1,) * n + (bs // parts,) + outs)
+    return (windows * grad_r).sum(tuple(range(-1 - n, 0))).sum(0)
   # outputs (groups, cin_group, *kernel, out_group): like the forward, SIMD lanes run over output channels,
   # contiguous in a channels-last copy of the gradient, and each gradient vector serves several weights
   # the batch is cut into `parts` (an outer, parallel axis) whose weight gradients are summed after:
