@@ -157,3 +157,32 @@ def test_whole_tensor_sum_splits_so_threads_share_it(monkeypatch):
   assert len(x.half().realize().sum().schedule()) == 1
   monkeypatch.setenv("NOOPT", "1")
   assert len(x.sum().schedule()) == 1
+
+
+def test_ops_on_a_permuted_buffer_keep_its_layout(monkeypatch):
+  """Elementwise ops and reduces over one permutation of a contiguous buffer run in the buffer's own
+  order and give a permuted view: no transposing copy, SIMD along the buffer's contiguous axis."""
+  monkeypatch.delenv("NOOPT", raising=False)
+  base = rand(4, 6, 5, 8)
+  view = base.permute(0, 3, 1, 2)                        # NHWC memory seen as NCHW
+  out = (view * 2 + 1).relu()
+  assert out.lazydata.st.permuted_order == (0, 2, 3, 1)
+  assert len(out.schedule()) == 1
+  nchw = base.numpy().transpose(0, 3, 1, 2)
+  np.testing.assert_allclose(out.numpy(), np.maximum(nchw * 2 + 1, 0), rtol=1e-6)
+  np.testing.assert_allclose(view.max((2, 3)).numpy(), nchw.max((2, 3)))
+  # mixed layouts (one contiguous input) fall back to a plain kernel writing NCHW
+  other = rand(4, 8, 6, 5)
+  mixed = view + other
+  assert mixed.lazydata.st.contiguous
+  np.testing.assert_allclose(mixed.numpy(), nchw + other.numpy(), rtol=1e-6)
+
+
+def test_conv_relu_pool_has_no_transposing_copy(monkeypatch):
+  """The convolution's channels-last sum keeps its layout through ReLU (fused into it) and max-pool
+  (SIMD over channels); only the 4x smaller pooled result is copied back to NCHW."""
+  monkeypatch.delenv("NOOPT", raising=False)
+  x, w = rand(4, 3, 10, 10), rand(8, 3, 3, 3)
+  items = x.conv2d(w).relu().max_pool2d(2).schedule()
+  # the weight's channels-last copy, the convolution (+ReLU), the pool, the pooled result to NCHW
+  assert [item.output.size for item in items] == [3 * 3 * 3 * 8, 4 * 8 * 8 * 8, 4 * 8 * 4 * 4, 4 * 8 * 4 * 4]

@@ -4,6 +4,12 @@ in: primitive ops from function.py (elementwise, reduce, movement, load)
 out: a graph of LazyBuffers. A *base* LazyBuffer computes a contiguous buffer from its sources with
      one op; a *view* LazyBuffer is a ShapeTracker over a base (movement ops only make views, so they
      never copy). realize() hands the bases to the scheduler (engine/schedule.py).
+Two rewrites happen as ops are recorded (both off with NOOPT=1):
+  - layout: an elementwise op whose inputs are all the same permutation of contiguous buffers (a
+    convolution's channels-last result seen as NCHW), or a reduce over such a view, is computed in
+    the buffers' own order and its result permuted back, so the layout survives ReLU and pooling;
+  - split reduce: a long reduce into fewer than SPLIT_PARTS outputs becomes two reduces, so that
+    threads (which split a kernel's output loop) share it.
 """
 from __future__ import annotations
 import numpy as np
@@ -66,6 +72,12 @@ class LazyBuffer:
   # ---- compute ops: each makes a new base ----
   def e(self, op: Op, *srcs: LazyBuffer, arg=None) -> LazyBuffer:
     inputs = (self,) + srcs
+    order = _shared_layout(inputs)
+    if order is not None:
+      # every input is the same permutation of a contiguous buffer: compute in that buffer's order and
+      # permute the result, so the layout (a convolution's channels-last output) survives the op
+      physical = [x.permute(order) for x in inputs]
+      return physical[0].e(op, *physical[1:], arg=arg).permute(_inverse(order))
     if op in COMPARISONS: dtype = dtypes.bool
     elif op is UnaryOps.CAST or op is UnaryOps.BITCAST: dtype = arg
     elif op is TernaryOps.WHERE: dtype = srcs[0].dtype
@@ -76,6 +88,10 @@ class LazyBuffer:
     """Reduce over `axis`, keeping those axes as size 1."""
     new_shape = tuple(1 if i in axis else s for i, s in enumerate(self.shape))
     if new_shape == self.shape: return self
+    order = _shared_layout((self,))
+    if order is not None:
+      # reduce in the buffer's own order (SIMD lanes along its contiguous axis), then permute back
+      return self.permute(order).r(op, tuple(order.index(a) for a in axis)).permute(_inverse(order))
     split = self._split_reduce(op, tuple(sorted(axis)), new_shape)
     if split is not None: return split
     return LazyBuffer(self.device, ShapeTracker.from_shape(new_shape), self.dtype, op, tuple(sorted(axis)), (self,))
@@ -136,3 +152,18 @@ class LazyBuffer:
       return read_view(np.array([self.base.arg], dtype=self.dtype.np), self.st, self.dtype).copy()
     self.realize()
     return read_view(self.base.realized.as_numpy(), self.st, self.dtype).copy()
+
+
+def _shared_layout(inputs: tuple[LazyBuffer, ...]) -> tuple[int, ...] | None:
+  """The permutation every non-constant input walks its contiguous buffer in, if they share one."""
+  orders = {x.st.permuted_order for x in inputs if x.base.op is not LoadOps.CONST or x.base.realized is not None}
+  if len(orders) != 1: return None
+  order = orders.pop()
+  if order is None or getenv("NOOPT", 0): return None
+  return order
+
+
+def _inverse(order: tuple[int, ...]) -> tuple[int, ...]:
+  inverse = [0] * len(order)
+  for position, axis in enumerate(order): inverse[axis] = position
+  return tuple(inverse)

@@ -182,6 +182,19 @@ class ShapeTracker:
   @property
   def has_mask(self) -> bool: return any(v.mask is not None for v in self.views)
 
+  @property
+  def permuted_order(self) -> tuple[int, ...] | None:
+    """The axis order in which this tracker walks a contiguous buffer (outermost first), when that
+    order isn't the natural one: x.permute(order) is then contiguous. None for anything else (a mask,
+    an offset, broadcasting, several views, or already contiguous)."""
+    if len(self.views) != 1 or self.contiguous: return None
+    view = self.views[0]
+    if view.mask is not None or view.offset != 0: return None
+    if any(stride == 0 and size != 1 for stride, size in zip(view.strides, view.shape)): return None
+    # size-1 axes (stride 0) go last; any position would do
+    order = tuple(sorted(range(len(view.shape)), key=lambda axis: -view.strides[axis]))
+    return order if view.permute(order).contiguous else None
+
   def _replace_top(self, view: View) -> ShapeTracker:
     # a moved top view may now merge into the one below (e.g. a reshape that undoes the lower split)
     if len(self.views) == 1: return ShapeTracker((view,))

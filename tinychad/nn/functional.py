@@ -65,10 +65,10 @@ class ConvGeometry:
 def _window_product(x: Tensor, weight: Tensor, geo: ConvGeometry) -> Tensor:
   """The convolution itself: windows of the padded input times the weight, summed. (bs, cin, *in) -> (bs, cout, *out)
 
-  The sum is laid out channels-last, (bs, *out, cout), then copied back to NCHW: output channels are
-  the contiguous axis of both the sum and a (channels-last) copy of the weight, while the input is the
-  same along it, so SIMD lanes run over output channels for any image width, and each weight vector is
-  reused across neighbouring output positions (the same register tile as a matmul).
+  The sum is laid out channels-last, (bs, *out, cout), and returned as an NCHW view of it: output
+  channels are the contiguous axis of both the sum and a (channels-last) copy of the weight, while the
+  input is the same along it, so SIMD lanes run over output channels for any image width, and each
+  weight vector is reused across neighbouring output positions (the same register tile as a matmul).
   """
   n, bs = len(geo.stride), x.shape[0]
   cout, cin_group = weight.shape[:2]
@@ -88,8 +88,9 @@ def _window_product(x: Tensor, weight: Tensor, geo: ConvGeometry) -> Tensor:
   w = w.permute((0, 2) + tuple(3 + i for i in range(n)) + (1,)).contiguous()    # (groups, cin_group, *kernel, out_group)
   w = w.permute((0, 2 + n, 1) + tuple(2 + i for i in range(n))).reshape((1,) * (1 + n) + (geo.groups, out_group, cin_group) + kernel)
   out = (windows * w).sum(tuple(range(-1 - n, 0))).reshape((bs,) + outs + (cout,))
-  # back to (bs, cout, *out) in memory: consumers (pooling, the next convolution) read NCHW without index math
-  return out.permute((0, n + 1) + tuple(1 + i for i in range(n))).contiguous()
+  # (bs, cout, *out) as a view of the channels-last sum: elementwise ops and reductions on it (bias,
+  # ReLU, pooling) keep that layout (lazy.py), with SIMD lanes along the channels
+  return out.permute((0, n + 1) + tuple(1 + i for i in range(n)))
 
 
 def _spread(x: Tensor, stride: tuple[int, ...]) -> Tensor:
@@ -167,6 +168,9 @@ class Conv(Function):
   Both are window reductions like the forward. (No second derivatives: backward builds no graph.)
   """
   def forward(self, x: LazyBuffer, weight: LazyBuffer, geo: ConvGeometry) -> LazyBuffer:
+    # a channels-last input (the previous convolution's output, kept in its layout through ReLU) is
+    # copied to NCHW once: both window sums of this convolution read it many times over
+    if x.st.permuted_order is not None: x = x.contiguous()
     self.x, self.weight, self.geo = Tensor(x, requires_grad=False), Tensor(weight, requires_grad=False), geo
     return _window_product(self.x, self.weight, geo).lazydata
 
@@ -244,7 +248,9 @@ def _pool(x: Tensor, kernel: tuple[int, ...], stride: tuple[int, ...], dilation:
   lead, outs = x.shape[:-n], [size // k for size, k in zip(x.shape[-n:], kernel)]
   x = x.shrink(tuple((0, s) for s in lead) + tuple((0, o * k) for o, k in zip(outs, kernel)))
   x = x.reshape(lead + tuple(v for o, k in zip(outs, kernel) for v in (o, k)))
-  return reduce(x, tuple(len(lead) + 2 * i + 1 for i in range(n)))
+  # a channels-last input (a convolution's output) is pooled in its own layout; the smaller result
+  # goes back to NCHW, which the next convolution's windows and a flatten read without index math
+  return reduce(x, tuple(len(lead) + 2 * i + 1 for i in range(n))).contiguous()
 
 
 def max_pool(x: Tensor, kernel_size, stride, padding, dilation, n: int) -> Tensor:
