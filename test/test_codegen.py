@@ -187,3 +187,20 @@ def test_vector_math_matches_scalar_math_bit_for_bit(op, monkeypatch):
   vector, scalar = run(values), run(values[:4095])
   assert "float32x16" in render_c(linearize(_items(LazyBuffer.from_numpy(values, "NUMPY").e(op))[0].ast, "k"))
   np.testing.assert_array_equal(vector[:4095].view(np.int32), scalar.view(np.int32))
+
+
+def test_no_fused_multiply_add_where_floats_are_compared(monkeypatch):
+  """A max's gradient counts the inputs equal to the max: when the input is recomputed there (a cheap
+  x*a+b), an FMA would round it differently from the kernel that took the max, no input would
+  match, and the count would be 0 (0/0 = NaN, seen in a batchnorm -> max-pool training step)."""
+  monkeypatch.delenv("NOOPT", raising=False)
+  rng = np.random.default_rng(0)
+  x, a, b = (LazyBuffer.from_numpy(rng.standard_normal((64, 256)).astype(np.float32), "NUMPY") for _ in range(3))
+  y = x.e(BinaryOps.MUL, a).e(BinaryOps.ADD, b)
+  top = y.r(ReduceOps.MAX, (1,))
+  hits = y.e(BinaryOps.CMPEQ, top.expand(y.shape)).cast(dtypes.float32).r(ReduceOps.SUM, (1,))
+  (item,) = [it for it in _items(hits) if it.ast.srcs[0].op is ReduceOps.SUM or any(n.op is BinaryOps.CMPEQ for n in it.ast.walk())]
+  assert not linearize(item.ast, item.name).contract
+  # a plain float sum (a matmul) still may contract
+  (matmul,) = _items(x.reshape((64, 256, 1)).e(BinaryOps.MUL, a.reshape((1, 64, 256)).permute((1, 2, 0))).r(ReduceOps.SUM, (1,)))
+  assert linearize(matmul.ast, matmul.name).contract

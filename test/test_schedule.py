@@ -171,6 +171,11 @@ def test_ops_on_a_permuted_buffer_keep_its_layout(monkeypatch):
   nchw = base.numpy().transpose(0, 3, 1, 2)
   np.testing.assert_allclose(out.numpy(), np.maximum(nchw * 2 + 1, 0), rtol=1e-6)
   np.testing.assert_allclose(view.max((2, 3)).numpy(), nchw.max((2, 3)))
+  # a per-channel broadcast (batchnorm's mean) reads the same in any order: the layout survives it
+  mean = rand(8)
+  centered = view - mean.reshape(1, 8, 1, 1)
+  assert centered.lazydata.st.permuted_order == (0, 2, 3, 1)
+  np.testing.assert_allclose(centered.numpy(), nchw - mean.numpy().reshape(1, 8, 1, 1), rtol=1e-6)
   # mixed layouts (one contiguous input) fall back to a plain kernel writing NCHW
   other = rand(4, 8, 6, 5)
   mixed = view + other

@@ -155,8 +155,14 @@ class LazyBuffer:
 
 
 def _shared_layout(inputs: tuple[LazyBuffer, ...]) -> tuple[int, ...] | None:
-  """The permutation every non-constant input walks its contiguous buffer in, if they share one."""
-  orders = {x.st.permuted_order for x in inputs if x.base.op is not LoadOps.CONST or x.base.realized is not None}
+  """The permutation the full-size inputs walk their contiguous buffers in, if they share one that
+  isn't the natural order. Constants and broadcasts (a per-channel mean, stride 0 elsewhere) read the
+  same in any order, so they don't vote."""
+  orders = set()
+  for x in inputs:
+    if x.base.op is LoadOps.CONST and x.base.realized is None: continue
+    if len(x.st.views) == 1 and any(st == 0 and size != 1 for st, size in zip(x.st.views[0].strides, x.shape)): continue
+    orders.add(None if x.st.contiguous else x.st.permuted_order)
   if len(orders) != 1: return None
   order = orders.pop()
   if order is None or getenv("NOOPT", 0): return None

@@ -293,6 +293,9 @@ class _Lowerer:
     for lane in self.lanes(reduce=False): self.store(store, lane)
     for loop in reversed(outer): self.close_loop(loop)
     contract = self.reduce is not None and self.reduce.op is ReduceOps.SUM and self.reduce.dtype.is_float and bool(self.opts.upcast)
+    # fused multiply-adds change a recomputed value's last bit: a kernel that tests float equality (a
+    # max's gradient asks which inputs equal the max another kernel computed) must round as they did
+    if any(n.op in (BinaryOps.CMPEQ, BinaryOps.CMPNE) and n.srcs[0].dtype.is_float for n in self.ast.walk()): contract = False
     return Program(self.name, self.uops, self.globals, parallel, contract)
 
   def store(self, store: KernelNode, lane: Lane) -> None:
