@@ -158,15 +158,18 @@ def _shared_layout(inputs: tuple[LazyBuffer, ...]) -> tuple[int, ...] | None:
   """The permutation the full-size inputs walk their contiguous buffers in, if they share one that
   isn't the natural order. Constants and broadcasts (a per-channel mean, stride 0 elsewhere) read the
   same in any order, so they don't vote."""
-  orders = set()
+  order = None
   for x in inputs:
-    if x.base.op is LoadOps.CONST and x.base.realized is None: continue
-    if len(x.st.views) == 1 and any(st == 0 and size != 1 for st, size in zip(x.st.views[0].strides, x.shape)): continue
-    orders.add(None if x.st.contiguous else x.st.permuted_order)
-  if len(orders) != 1: return None
-  order = orders.pop()
-  if order is None or getenv("NOOPT", 0): return None
-  return order
+    base = x.base
+    if base.op is LoadOps.CONST and base.realized is None: continue
+    st = x.st
+    # a contiguous input (the common case, checked first: this runs for every op) means natural order
+    if st.contiguous: return None
+    if len(st.views) == 1 and any(stride == 0 and size != 1 for stride, size in zip(st.views[0].strides, x.shape)): continue
+    mine = st.permuted_order
+    if mine is None or (order is not None and mine != order): return None
+    order = mine
+  return None if order is None or getenv("NOOPT", 0) else order
 
 
 def _inverse(order: tuple[int, ...]) -> tuple[int, ...]:
