@@ -33,14 +33,13 @@ if __package__ in (None, ""): sys.path.insert(0, str(Path(__file__).resolve().pa
 from bench.common import REPO_ROOT, limit_threads, unavailable_reason, worker_env
 
 LIBRARIES = ("tinychad", "torch")
-SHARED_MNIST = REPO_ROOT.parent / "shared" / "datasets" / "mnist"
 WORKER_TIMEOUT_S = 3600
 
 
 def default_data() -> str | None:
   """$TINYCHAD_DATA, else the shared copy next to the repository, else None (the loader's cache or download)."""
-  if os.environ.get("TINYCHAD_DATA"): return os.environ["TINYCHAD_DATA"]
-  return str(SHARED_MNIST) if SHARED_MNIST.exists() else None
+  from tinychad.examples.mnist import default_data_dir
+  return default_data_dir()
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

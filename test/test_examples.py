@@ -73,6 +73,16 @@ def test_falls_back_to_digits_without_mnist(tmp_path, monkeypatch, capsys):
   assert accuracy > 0.6
 
 
+def test_main_job_finds_the_shared_mnist_next_to_the_checkout(monkeypatch):
+  """Without --data or $TINYCHAD_DATA the main job uses ../shared/datasets/mnist (this machine has no
+  internet, so the loader's download would fail and fall back to the digits)."""
+  monkeypatch.delenv("TINYCHAD_DATA", raising=False)
+  assert mnist_example.default_data_dir() == str(mnist_example.SHARED_MNIST)
+  assert mnist_example.SHARED_MNIST.is_dir()
+  _, _, X_test, Y_test, name = mnist_example.load_data(None)
+  assert name == "MNIST" and X_test.shape == (10000, 1, 28, 28) and Y_test.shape == (10000,)
+
+
 def test_transfer_prints_both_accuracies(capsys):
   pretrain_acc, finetune_acc = transfer.main(["--limit", "300", *data_flags()])
   out = capsys.readouterr().out
