@@ -207,7 +207,11 @@ def test_sequential_names_and_call():
   (lambda: nn.BatchNorm2d(5), lambda: torch.nn.BatchNorm2d(5)),
 ])
 def test_init_shapes_and_ranges_match_pytorch(ours, theirs):
-  """Same names, shapes and dtypes as PyTorch, and values spread over the same range (max |w| and std within 25%; constants equal)."""
+  """Same names, shapes and dtypes as PyTorch, and values spread over the same range (the 90th percentile
+  of |w| and the std within 25%; constants equal). Not max |w|: for a normal init (Embedding) the max of a
+  few hundred draws moves by 30% between seeds, which made this test fail at random."""
+  Tensor.manual_seed(0)
+  torch.manual_seed(0)
   a, b = get_state_dict(ours()), theirs().state_dict()
   assert list(a) == list(b)
   for name, tb in b.items():
@@ -217,7 +221,7 @@ def test_init_shapes_and_ranges_match_pytorch(ours, theirs):
     if tb.numel() == 1 or (tb == tb.flatten()[0]).all():  # constants (norm weights, running stats, zero biases)
       np.testing.assert_array_equal(ta, tb.numpy(), err_msg=name)
     elif ta.size >= 100:  # enough samples for max and std to be stable
-      assert abs(np.abs(ta).max() / tb.abs().max().item() - 1) < 0.25, name
+      assert abs(np.quantile(np.abs(ta), 0.9) / np.quantile(tb.abs().numpy(), 0.9) - 1) < 0.25, name
       assert abs(ta.std() / tb.float().std().item() - 1) < 0.25, name
     else:
       assert ta.std() > 0, name
