@@ -91,6 +91,23 @@ def test_cheap_elementwise_used_twice_is_recomputed():
   assert kernels(shared.sum(), shared + 1) == 2
 
 
+def test_elementwise_read_several_times_by_one_kernel_stays_in_it():
+  """erf's t = 1/(1+p*|x|) feeds five steps of one polynomial: all in the same kernel, so t is
+  computed there once instead of being written to memory and read back."""
+  x, b = rand(32, 64), rand(64)
+  out = (x + b).gelu()
+  assert kernels(out) == 1
+  torch = __import__("torch")
+  np.testing.assert_allclose(out.numpy(), torch.nn.functional.gelu(torch.tensor(x.numpy() + b.numpy())).numpy(),
+                             rtol=1e-5, atol=1e-6)
+  # an expensive chain read by two kernels is still realized once, and a long reuse chain builds fast
+  shared = x.exp().sin().exp().cos().exp().sin().log().exp().sqrt().exp()
+  assert kernels(shared.sum(), shared * 3) == 3
+  deep = x
+  for _ in range(40): deep = deep * deep * 0.5 + deep
+  assert kernels(deep) == 1
+
+
 def test_schedule_does_not_run():
   x = rand(4, 4)
   out = (x + 1).sum()

@@ -117,10 +117,27 @@ class KernelNode:
     visit(self)
     return order
 
-  def pretty(self, indent: int = 0) -> str:
-    pad = "  " * indent
-    arg = self.arg
-    if self.op in (BufferOps.LOAD, BufferOps.CONST, BufferOps.STORE):
-      arg = f"{arg[0]}, views={[(v.shape, v.strides, v.offset, v.mask) for v in arg[1].views]}"
-    line = f"{pad}{self.op.name} {self.dtype.name if self.dtype else ''} {arg if arg is not None else ''}".rstrip()
-    return "\n".join([line] + [s.pretty(indent + 1) for s in self.srcs])
+  def pretty(self) -> str:
+    """The tree, one node per line with its sources indented below. A node read by several others
+    (a DAG) is written out once, tagged #k, and later lines say `^ #k` instead of repeating it."""
+    readers: dict[KernelNode, int] = {}
+    for node in self.walk():
+      for src in node.srcs: readers[src] = readers.get(src, 0) + 1
+    tags: dict[KernelNode, int] = {}
+    lines: list[str] = []
+    def show(node: KernelNode, indent: int) -> None:
+      pad = "  " * indent
+      if node in tags:
+        lines.append(f"{pad}^ #{tags[node]} {node.op.name}")
+        return
+      tag = ""
+      if readers.get(node, 0) > 1 and node.srcs:
+        tags[node] = len(tags)
+        tag = f" #{tags[node]}"
+      arg = node.arg
+      if node.op in (BufferOps.LOAD, BufferOps.CONST, BufferOps.STORE):
+        arg = f"{arg[0]}, views={[(v.shape, v.strides, v.offset, v.mask) for v in arg[1].views]}"
+      lines.append(f"{pad}{node.op.name} {node.dtype.name if node.dtype else ''} {arg if arg is not None else ''}".rstrip() + tag)
+      for src in node.srcs: show(src, indent + 1)
+    show(self, 0)
+    return "\n".join(lines)

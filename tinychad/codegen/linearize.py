@@ -369,6 +369,15 @@ class _Lowerer:
   def value(self, node: KernelNode, lane: Lane) -> UOp:
     """The UOp holding `node`'s value at the current loop position and `lane`."""
     if isinstance(node.op, ReduceOps): return self.acc[tuple(0 if r else x for x, (_, r) in zip(lane, self.dims))]
+    # remembered in the CSE scopes: a tree is a DAG (a value read by several ops), and walking it
+    # as a tree would lower a shared subtree once per path to it, exponentially often
+    key = ("value", node, lane)
+    for scope in reversed(self.scopes):
+      if key in scope: return scope[key]
+    uop = self.scopes[-1][key] = self._value(node, lane)
+    return uop
+
+  def _value(self, node: KernelNode, lane: Lane) -> UOp:
     if node.op is BufferOps.LOAD or node.op is BufferOps.CONST: return self.leaf(node, lane)
     srcs = tuple(self.value(s, lane) for s in node.srcs)
     vec = max(s.vec for s in srcs)

@@ -99,6 +99,8 @@ class _Scheduler:
     self.scheduled: set[LazyBuffer] = set()
     self.forced: set[LazyBuffer] = set()
     self.uses: dict[LazyBuffer, int] = {}    # how many graph edges read each base
+    self.readers: dict[LazyBuffer, list[tuple[LazyBuffer, ShapeTracker]]] = {}   # base -> (reader, view)
+    self._owner_memo: dict[LazyBuffer, LazyBuffer | None] = {}
     self._cheap_memo: dict[LazyBuffer, bool] = {}
     self.packed: dict[tuple[LazyBuffer, ShapeTracker], LazyBuffer] = {}   # (operand, its view) -> its panels
     self._count_uses([o.base for o in outs])
@@ -112,12 +114,30 @@ class _Scheduler:
       for src in base.srcs:
         child = src.base
         self.uses[child] = self.uses.get(child, 0) + 1
+        self.readers.setdefault(child, []).append((base, src.st))
         stack.append(child)
 
   def must_realize(self, base: LazyBuffer) -> bool:
     if base.realized is not None or base in self.targets or base in self.forced: return True
     if base.op is LoadOps.CONST: return False
-    return isinstance(base.op, LoadOps) or (self.uses.get(base, 0) > 1 and not self._cheap(base))
+    if isinstance(base.op, LoadOps): return True
+    return self.uses.get(base, 0) > 1 and self._single_kernel(base) is None and not self._cheap(base)
+
+  def _single_kernel(self, base: LazyBuffer) -> LazyBuffer | None:
+    """The output of the one kernel every read of elementwise `base` is inlined into, or None when
+    its reads land in several kernels (or in a reduce, or through a view that forces a load).
+    erf's `t` is read five times by one polynomial: it stays in registers instead of memory."""
+    if base in self._owner_memo: return self._owner_memo[base]
+    self._owner_memo[base] = None   # a cycle can't happen in a DAG; this only guards re-entry
+    owner: LazyBuffer | None = None
+    for reader, st in self.readers.get(base, ()):
+      if isinstance(reader.op, ReduceOps) or isinstance(base.op, ReduceOps): return None
+      if st.has_mask or prod(st.shape) > base.size: return None
+      here = reader if self.must_realize(reader) else self._single_kernel(reader)
+      if here is None or (owner is not None and here is not owner): return None
+      owner = here
+    self._owner_memo[base] = owner
+    return owner
 
   CHEAP_OPS = 8   # ALU ops an elementwise base may have and still be recomputed by each consumer
 
@@ -163,6 +183,7 @@ class _KernelBuilder:
     self.scheduler, self.output = scheduler, output
     self.inputs: list[LazyBuffer] = []
     self.fused_reduce: LazyBuffer | None = None
+    self.built: dict[tuple[LazyBuffer, ShapeTracker | None], KernelNode] = {}
 
   def kernel(self) -> KernelNode:
     out = self.output
@@ -179,7 +200,7 @@ class _KernelBuilder:
     if self.fused_reduce is not None and self.fused_reduce is not out:
       # the consumer of a fused reduce runs in the reduce's output space
       out_shape = self.fused_reduce.shape
-      body = _reshape_outside_reduce(body, out_shape)
+      body = _reshape_outside_reduce(body, out_shape, {})
     return KernelNode(BufferOps.STORE, (body,), (0, ShapeTracker.from_shape(out_shape)), out.dtype)
 
   def pack_strided_loads(self, ast: KernelNode) -> KernelNode:
@@ -193,20 +214,25 @@ class _KernelBuilder:
     splits = {lane: panel_width(n.dtype) for n, lane in lanes.items()}
     old_inputs, self.inputs = self.inputs, []
     packed = {n: _split_axis(lane, splits) for n, lane in lanes.items()}
-    return self.split_lanes(ast, splits, tuple(_split_axis(a, splits) for a in axes), packed, old_inputs)
+    return self.split_lanes(ast, splits, tuple(_split_axis(a, splits) for a in axes), packed, old_inputs, {})
 
   def split_lanes(self, node: KernelNode, splits: dict[int, int], reduce_axes: tuple[int, ...],
-                  packed: dict[KernelNode, int], old_inputs: list[LazyBuffer]) -> KernelNode:
+                  packed: dict[KernelNode, int], old_inputs: list[LazyBuffer], done: dict[KernelNode, KernelNode]) -> KernelNode:
     """`node` rebuilt over the shape with the axes in `splits` split (the reduce's axes are then
-    `reduce_axes`); the loads in `packed` (with their split lane axis) read panels. A method, not a
-    closure: a recursive closure is a reference cycle that would keep this kernel's output alive
+    `reduce_axes`); the loads in `packed` (with their split lane axis) read panels. `done` holds the
+    nodes already rebuilt (a subtree read twice is rebuilt once). A method, not a closure: a recursive closure is a reference cycle that would keep this kernel's output alive
     (through self) until the garbage collector runs, so the memory pool could not reuse it."""
+    if node not in done: done[node] = self._split_lanes(node, splits, reduce_axes, packed, old_inputs, done)
+    return done[node]
+
+  def _split_lanes(self, node: KernelNode, splits: dict[int, int], reduce_axes: tuple[int, ...],
+                   packed: dict[KernelNode, int], old_inputs: list[LazyBuffer], done: dict[KernelNode, KernelNode]) -> KernelNode:
     if node.op in (BufferOps.LOAD, BufferOps.CONST):
       st = node.arg[1].reshape(_split_shape(node.arg[1].shape, splits))
       if node.op is BufferOps.CONST: return KernelNode(node.op, (), (node.arg[0], st), node.dtype)
       base = old_inputs[node.arg[0] - 1]
       return self.load_panels(base, st, packed[node], reduce_axes) if node in packed else self.load(base, st)
-    srcs = tuple(self.split_lanes(s, splits, reduce_axes, packed, old_inputs) for s in node.srcs)
+    srcs = tuple(self.split_lanes(s, splits, reduce_axes, packed, old_inputs, done) for s in node.srcs)
     if isinstance(node.op, ReduceOps):
       return KernelNode(node.op, srcs, (reduce_axes, _split_shape(node.arg[1], splits)), node.dtype)
     if node.op is BufferOps.STORE:
@@ -244,6 +270,13 @@ class _KernelBuilder:
 
   def build(self, lb: LazyBuffer, outer: ShapeTracker | None) -> KernelNode:
     """The node that reads `lb` at the kernel's index; `outer` maps kernel indices into lb's shape."""
+    # a base read several times in one kernel is built once (a chain of reuses would otherwise
+    # rebuild its subtree exponentially often)
+    key = (lb, outer)
+    if key not in self.built: self.built[key] = self._build(lb, outer)
+    return self.built[key]
+
+  def _build(self, lb: LazyBuffer, outer: ShapeTracker | None) -> KernelNode:
     st = lb.st if outer is None else lb.st + outer
     base = lb.base
     if base.realized is None and base.op is LoadOps.CONST:
@@ -290,11 +323,15 @@ def _split_shape(shape: tuple[int, ...], splits: dict[int, int]) -> tuple[int, .
   return tuple(out)
 
 
-def _reshape_outside_reduce(node: KernelNode, shape: tuple[int, ...]) -> KernelNode:
+def _reshape_outside_reduce(node: KernelNode, shape: tuple[int, ...], done: dict[KernelNode, KernelNode]) -> KernelNode:
+  """`node`'s part after the reduce, over `shape`; `done` memoizes (a subtree read twice is rebuilt once)."""
   if isinstance(node.op, ReduceOps): return node
-  if node.op in (BufferOps.LOAD, BufferOps.CONST):
-    return KernelNode(node.op, (), (node.arg[0], node.arg[1].reshape(shape)), node.dtype)
-  return KernelNode(node.op, tuple(_reshape_outside_reduce(s, shape) for s in node.srcs), node.arg, node.dtype)
+  if node not in done:
+    if node.op in (BufferOps.LOAD, BufferOps.CONST):
+      done[node] = KernelNode(node.op, (), (node.arg[0], node.arg[1].reshape(shape)), node.dtype)
+    else:
+      done[node] = KernelNode(node.op, tuple(_reshape_outside_reduce(s, shape, done) for s in node.srcs), node.arg, node.dtype)
+  return done[node]
 
 
 def create_schedule(outs: list[LazyBuffer]) -> list[ScheduleItem]:

@@ -22,8 +22,11 @@ def blend(mask: str, if_true: str, if_false: str, itype: str, vtype: str) -> str
 # range, with numpy's answers for inf, -inf, NaN, 0, negatives, overflow and denormals.
 POLY_MATH = {
   (UnaryOps.EXP2, dtypes.float32): ("tc_exp2f", """static inline float tc_exp2f(float x) {
-  // clamp (NaN goes to -150, its result is replaced at the end): outside [-150, 128] the result is 0 or inf
-  float c = x > -150.0f ? x : -150.0f;
+  // at or below -150 (and NaN) the answer is 0 (or NaN), put in at the end: computing it with c = 0
+  // keeps the multiply from underflowing, which costs a ~150-cycle microcode assist on x86 (a
+  // causal mask's -inf is half of an attention matrix); above 128 the result is inf
+  int tiny = !(x > -150.0f);
+  float c = tiny ? 0.0f : x;
   c = c < 128.0f ? c : 128.0f;
   // 2^x = 2^k * 2^f with k = round(x) (adding 1.5*2^23 rounds to an integer) and f in [-0.5, 0.5]
   float k = (c + 12582912.0f) - 12582912.0f, f = c - k;
@@ -36,6 +39,7 @@ POLY_MATH = {
   __builtin_memcpy(&scale1, &bits1, 4);
   __builtin_memcpy(&scale2, &bits2, 4);
   float r = p * scale1 * scale2;
+  r = tiny ? 0.0f : r;
   return x != x ? x : r;
 }"""),
   (UnaryOps.LOG2, dtypes.float32): ("tc_log2f", """static inline float tc_log2f(float x) {
@@ -82,15 +86,16 @@ SCALAR_MAX = {dtypes.float32: ("tc_maxf", _select_max("tc_maxf", "float", "int")
 def _vector_exp2(name: str, vtype: str, itype: str) -> str:
   def pick(mask, a, b): return blend(mask, a, b, itype, vtype)
   return f"""static inline {vtype} {name}({vtype} x) {{
-  // tc_exp2f on every lane: clamp to [-150, 128] (NaN goes to -150 and is put back at the end)
-  {itype} keep = x > -150.0f;
-  {vtype} c = {pick("keep", "x", f"({vtype}){{}} - 150.0f")};
-  keep = c < 128.0f;
+  // tc_exp2f on every lane: lanes at or below -150 (and NaN) compute with c = 0, then become 0 (or NaN)
+  {itype} tiny = ~(x > -150.0f);
+  {vtype} c = {pick("tiny", f"({vtype}){{}}", "x")};
+  {itype} keep = c < 128.0f;
   c = {pick("keep", "c", f"({vtype}){{}} + 128.0f")};
   {vtype} k = (c + 12582912.0f) - 12582912.0f, f = c - k;
   {vtype} p = 1.0f + f*(0x1.62e43p-1f + f*(0x1.ebfbdep-3f + f*(0x1.c6aef8p-5f + f*(0x1.3b2cb8p-7f + f*(0x1.5f3524p-10f + f*0x1.424b68p-13f)))));
   {itype} ki = __builtin_convertvector(k, {itype}), k1 = ki >> 1, k2 = ki - k1;
   {vtype} r = p * ({vtype})((k1 + 127) << 23) * ({vtype})((k2 + 127) << 23);
+  r = {pick("tiny", f"({vtype}){{}}", "r")};
   {itype} nan = x != x;
   return {pick("nan", "x", "r")};
 }}"""

@@ -77,14 +77,15 @@ _LOG2_COEFFS = ("0x1.715476p+1", "0x1.ec709ep-1", "0x1.2776c6p-1", "0x1.a61762p-
 def exp2_f32(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
   """2^x for a float32 scalar or vector, without libm."""
   fty, ity = x.type, _int_like(x.type)
-  c = b.select(b.fcmp_ordered(">", x, _splat(fty, -150.0)), x, _splat(fty, -150.0))
+  tiny = b.fcmp_unordered("<=", x, _splat(fty, -150.0))
+  c = b.select(tiny, _splat(fty, 0.0), x)
   c = b.select(b.fcmp_ordered("<", c, _splat(fty, 128.0)), c, _splat(fty, 128.0))
   k = b.fsub(b.fadd(c, _splat(fty, 12582912.0)), _splat(fty, 12582912.0))
   p = _horner(b, b.fsub(c, k), _EXP2_COEFFS)
   ki = b.fptosi(k, ity)
   k1 = b.ashr(ki, _splat(ity, 1))
   scales = [b.bitcast(b.shl(b.add(half, _splat(ity, 127)), _splat(ity, 23)), fty) for half in (k1, b.sub(ki, k1))]
-  r = b.fmul(b.fmul(p, scales[0]), scales[1])
+  r = b.select(tiny, _splat(fty, 0.0), b.fmul(b.fmul(p, scales[0]), scales[1]))
   return b.select(b.fcmp_unordered("uno", x, x), x, r)
 
 

@@ -161,11 +161,16 @@ def code_version() -> str:
   return h.hexdigest()
 
 
-@functools.lru_cache(maxsize=1 << 14)
-def tree_text(node: KernelNode) -> str:
-  """A kernel tree as text that is the same in every process (op, dtype, arg, then the sources)."""
-  srcs = ",".join(tree_text(s) for s in node.srcs)
-  return f"{node.op.name}:{node.dtype!r}:{node.arg!r}[{srcs}]"
+@functools.lru_cache(maxsize=1 << 12)
+def tree_text(root: KernelNode) -> str:
+  """A kernel tree as text that is the same in every process: one line per distinct node, sources
+  first (op, dtype, arg, then the line numbers of its sources), so a shared subtree is written once."""
+  line_of: dict[KernelNode, int] = {}
+  lines = []
+  for node in root.walk():
+    line_of[node] = len(lines)
+    lines.append(f"{node.op.name}:{node.dtype!r}:{node.arg!r}{[line_of[s] for s in node.srcs]}")
+  return "\n".join(lines)
 
 
 def read_record(key: str) -> dict | None:
