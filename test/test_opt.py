@@ -113,6 +113,20 @@ def test_matmul_gets_vector_and_tile(monkeypatch):
   assert sum(1 for u in program.uops if u.op.name == "DEFINE_ACC") == 1
 
 
+def test_short_reduce_gets_a_wider_shallower_tile(monkeypatch):
+  """Attention's q @ k^T reduces over 64: its tile is 4 rows of 4 vectors, a long matmul's 8 of 2."""
+  from tinychad.codegen.linearize import opt_inputs
+  from tinychad.codegen.opt import SHORT_REDUCE, SHORT_REDUCE_ROW_VECTORS, TILE_ROW_VECTORS, choose_opts, simd_bytes
+  monkeypatch.setenv("NOOPT", "0")
+  lanes = simd_bytes() // 4
+  for k, row_vectors in ((64, SHORT_REDUCE_ROW_VECTORS), (SHORT_REDUCE * 2, TILE_ROW_VECTORS)):
+    a, b = Tensor.rand(128, k, device="NUMPY"), Tensor.rand(k, 128, device="NUMPY")
+    (item,) = [it for it in create_schedule([(a @ b).lazydata]) if it.is_kernel]
+    opts = choose_opts(*opt_inputs(item.ast))
+    axis, width = opts.vector
+    assert width == lanes and opts.upcast[axis] == row_vectors * lanes, (k, opts)
+
+
 @pytest.mark.parametrize("extent,parts", [(10, 3), (2, 2), (7, 1), (100, 8)])
 def test_chunks_cover_the_loop_once(extent, parts):
   ranges = chunks(extent, parts)

@@ -154,7 +154,7 @@ class _Scheduler:
       child = src.base
       if child.realized is not None or child.op is LoadOps.CONST or self.must_realize(child): continue
       if isinstance(child.op, ReduceOps) and not _plain(src.st, child): continue   # it will be loaded
-      if src.st.has_mask or src.size > child.size: return None
+      if src.st.has_mask or src.size > child.size: continue   # build() force-loads it (layernorm's mean)
       more = self._count_fused_ops(child, budget - used)
       if more is None: return None
       used += more

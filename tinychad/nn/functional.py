@@ -441,4 +441,11 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Ten
   shifted = (scores - top).exp()
   weights = (top == -math.inf).where(0.0, shifted * shifted.sum(-1, keepdim=True).reciprocal())
   if dropout_p > 0: weights = weights.dropout(dropout_p)
-  return weights @ v
+  if weights.ndim != 4 or v.ndim != 4: return weights @ v
+  # (batch, heads, L, E) computed in memory as (batch, L, heads, E), returned as a permuted view:
+  # the usual next step, out.transpose(1, 2).reshape(batch, L, heads * E), is then free instead of a
+  # strided read of every head inside the output projection's matmul
+  batch, heads, length, source = weights.shape
+  rows = weights.permute(0, 2, 1, 3).reshape(batch, length, heads, source, 1)
+  values = v.expand(batch, heads, source, v.shape[-1]).reshape(batch, 1, heads, source, v.shape[-1])
+  return (rows * values).sum(3).permute(0, 2, 1, 3)
