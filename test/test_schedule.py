@@ -69,6 +69,24 @@ def test_softmax_is_at_most_three_kernels():
   np.testing.assert_allclose(out.numpy(), e / e.sum(1, keepdims=True), rtol=1e-5)
 
 
+def test_row_reduce_and_its_row_share_a_kernel():
+  """softmax's sum and the normalize that reads it back over each row are one kernel (a second pass
+  over the row while it is in cache); so are layernorm's variance and its output."""
+  torch = __import__("torch")
+  x = rand(64, 256)
+  soft, norm = x.softmax(1), x.layernorm()
+  assert [item.name for item in soft.schedule()] == ["r_64_256", "r_64_256"]
+  assert [type(item.ast.srcs[0].op).__name__ for item in soft.schedule()] == ["ReduceOps", "BinaryOps"]
+  assert len(norm.schedule()) == 2
+  np.testing.assert_allclose(soft.numpy(), torch.softmax(torch.tensor(x.numpy()), 1).numpy(), rtol=1e-5, atol=1e-7)
+  np.testing.assert_allclose(norm.numpy(), torch.nn.functional.layer_norm(torch.tensor(x.numpy()), (256,)).numpy(),
+                             rtol=1e-4, atol=1e-5)
+  # not for a reduce over the outer axis, a whole-tensor reduce, or rows too long to stay in cache
+  assert kernels(x.softmax(0)) == 3
+  assert kernels(x - x.mean()) == 2
+  assert kernels(rand(4, 16384).softmax(1)) == 3
+
+
 def test_tensor_used_twice_is_computed_once():
   x, w = rand(8, 16), rand(16, 4)
   shared = x @ w                    # a reduce: recomputing it would double the work

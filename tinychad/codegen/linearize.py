@@ -193,8 +193,10 @@ class _Lowerer:
       st, view = node.arg[1], self.views[id(node)]
       if _all_invalid(st): self.expr_cache[key] = (Num(0), Num(0))
       else:
-        below = id(node) in self.below
-        idxs = [Num(0) if r and not below else self.dim_index(d, lane[d]) for d, (_, r) in enumerate(self.dims)]
+        # outside the reduce, a reduce axis is 0 (the output has size 1 there), or in a row reduce's
+        # second pass, where the loop over the row runs again
+        flat = id(node) not in self.below and not self.row_pass
+        idxs = [Num(0) if r and flat else self.dim_index(d, lane[d]) for d, (_, r) in enumerate(self.dims)]
         index, valid = ShapeTracker(st.views[:-1] + (view,)).expr_idxs(idxs)
         self.expr_cache[key] = (to_node(index), None if valid is None else to_node(valid))
     return self.expr_cache[key]
@@ -246,6 +248,9 @@ class _Lowerer:
     full_shape = self.reduce.arg[1] if self.reduce is not None else out_shape
     reduce_axes = tuple(self.reduce.arg[0]) if self.reduce is not None else ()
     self.below = {id(n) for n in self.reduce.walk()} if self.reduce is not None else set()
+    # a row reduce (engine/schedule.py): the output spans the reduce axes, so after the reduce loop
+    # closes, the kernel loops over them again to compute and store every element of the row
+    self.row_pass = self.reduce is not None and out_shape == full_shape
     self.leaves = [n for n in store.walk() if n.op in (BufferOps.LOAD, BufferOps.CONST)] + [store]
     self.dims, views = simplify_dims(full_shape, reduce_axes, [_top(n.arg[1]) for n in self.leaves])
     self.views = {id(n): v for n, v in zip(self.leaves, views)}
@@ -270,7 +275,7 @@ class _Lowerer:
     exprs = []
     for n in leaves:
       if _all_invalid(n.arg[1]): continue
-      idxs = [Num(0) if r and id(n) not in self.below else v for v, (_, r) in zip(full, self.dims)]
+      idxs = [Num(0) if r and id(n) not in self.below and not self.row_pass else v for v, (_, r) in zip(full, self.dims)]
       index, valid = ShapeTracker(n.arg[1].views[:-1] + (self.views[id(n)],)).expr_idxs(idxs)
       exprs += [to_node(index)] + ([] if valid is None else [to_node(valid)])
     self.idx_dtype = dtypes.int32 if fits_int32(exprs + full) and all(s < 2**31 for s, _ in self.dims) else dtypes.int64
@@ -290,7 +295,13 @@ class _Lowerer:
       if len(outer) == 1: parallel = extent
     self.acc: dict[Lane, UOp] = {}
     if self.reduce is not None: self.lower_reduce()
-    for lane in self.lanes(reduce=False): self.store(store, lane)
+    if self.row_pass:
+      opened = self.open_reduce_loops()
+      for outer_lane in self.lanes(reduce=False):
+        for row_lane in self.lanes(reduce=True): self.store(store, tuple(a + b for a, b in zip(outer_lane, row_lane)))
+      for loop in reversed(opened): self.close_loop(loop)
+    else:
+      for lane in self.lanes(reduce=False): self.store(store, lane)
     for loop in reversed(outer): self.close_loop(loop)
     contract = self.reduce is not None and self.reduce.op is ReduceOps.SUM and self.reduce.dtype.is_float and bool(self.opts.upcast)
     # fused multiply-adds change a recomputed value's last bit: a kernel that tests float equality (a
@@ -310,6 +321,10 @@ class _Lowerer:
       part = value if value.vec == 1 else self.emit(UOps.GEP, value.dtype, (value,), i)
       self.emit(UOps.STORE, None, (self.globals[0], self.index(index), part), cse=False)
 
+  def open_reduce_loops(self) -> list[UOp]:
+    return [self.open_loop(self.loop_vars[d], s // self.opts.upcast.get(d, 1))
+            for d, (s, r) in enumerate(self.dims) if r and s // self.opts.upcast.get(d, 1) != 1]
+
   def lower_reduce(self) -> None:
     op, dtype = self.reduce.op, self.reduce.dtype
     acc_dtype = _ACC_DTYPE.get(dtype, dtype) if op is ReduceOps.SUM else dtype
@@ -319,8 +334,7 @@ class _Lowerer:
     # one accumulator per (output lane, reduce lane): independent chains the CPU can overlap
     accs = {(o, r): self.emit(UOps.DEFINE_ACC, acc_dtype, (), reduce_identity(op, acc_dtype), cse=False, vec=vec)
             for o in outer_lanes for r in inner_lanes}
-    opened = [self.open_loop(self.loop_vars[d], s // self.opts.upcast.get(d, 1))
-              for d, (s, r) in enumerate(self.dims) if r and s // self.opts.upcast.get(d, 1) != 1]
+    opened = self.open_reduce_loops()
     for o in outer_lanes:
       for r in inner_lanes:
         lane = tuple(a + b for a, b in zip(o, r))

@@ -13,6 +13,11 @@ Fusion rules, in order:
     may not map zero to zero) or expands (a matmul operand would be recomputed for every reuse);
   - a reduce is inlined into its single elementwise consumer when that consumer reads it through a
     plain contiguous view; then the consumer runs in the reduce's output space;
+  - a row reduce: a reduce over the innermost axes (a row of at most ROW_REDUCE_MAX_ELEMENTS) whose
+    consumer reads it back expanded over the same rows (softmax's 1/sum, layernorm's variance) is
+    inlined too, with the per-row ops between them; the kernel reduces a row, then loops over the
+    row again while it is in cache to compute and store it (codegen's "row pass"). Of several
+    candidates, the one the others feed (the variance, not the mean);
   - a kernel holds at most one reduce; any other reduce it needs is realized first.
 After fusion, an elementwise kernel may run over a finer shape (codegen/refine.py: a load that reads a
 reshape its layout can't express becomes one view), and one layout rule (off with NOOPT=1):
@@ -160,6 +165,35 @@ class _Scheduler:
       used += more
     return used if used <= budget else None
 
+  def _inlined_reduces(self, base: LazyBuffer, through_reduces: bool) -> set[LazyBuffer]:
+    """The reduces a kernel computing `base` could inline: reached through bases that aren't realized,
+    past other reduces' inputs only when `through_reduces`."""
+    found, seen, stack = set(), set(), [src.base for src in base.srcs]
+    while stack:
+      node = stack.pop()
+      if node in seen or node.realized is not None or node.op is LoadOps.CONST or self.must_realize(node): continue
+      seen.add(node)
+      if isinstance(node.op, ReduceOps):
+        found.add(node)
+        if not through_reduces: continue
+      stack.extend(src.base for src in node.srcs)
+    return found
+
+  def reaches(self, base: LazyBuffer, reduce: LazyBuffer | None) -> bool:
+    """`reduce` is `base` or one of the reduces base's kernel could inline."""
+    return reduce is not None and (base is reduce or reduce in self._inlined_reduces(base, False))
+
+  def row_reduce_of(self, out: LazyBuffer) -> LazyBuffer | None:
+    """The reduce an elementwise `out` can compute in its own kernel, row by row: a reduce over the
+    innermost axes of out's shape, read back expanded over each row (softmax's sum, layernorm's
+    variance). Its kernel sums a row, then runs over the same row again while it is still in cache,
+    instead of writing the sums and reading the rows back from memory in a second kernel. When several
+    reduces qualify, the one the others feed (layernorm's variance needs the mean); never two."""
+    if isinstance(out.op, (ReduceOps, LoadOps)): return None
+    candidates = [r for r in self._inlined_reduces(out, False) if _row_reduce_fits(r, out.shape)]
+    last = [r for r in candidates if not any(r in self._inlined_reduces(other, True) for other in candidates if other is not r)]
+    return last[0] if len(last) == 1 else None
+
   def realize(self, base: LazyBuffer) -> None:
     """Schedule the kernel that computes `base` (after everything it needs)."""
     if base.realized is not None or base in self.scheduled: return
@@ -183,6 +217,8 @@ class _KernelBuilder:
     self.scheduler, self.output = scheduler, output
     self.inputs: list[LazyBuffer] = []
     self.fused_reduce: LazyBuffer | None = None
+    # the reduce this kernel may compute per row before running over the row again (see _row_reduce)
+    self.row_reduce: LazyBuffer | None = None
     self.built: dict[tuple[LazyBuffer, ShapeTracker | None], KernelNode] = {}
 
   def kernel(self) -> KernelNode:
@@ -195,9 +231,10 @@ class _KernelBuilder:
     elif out.op is LoadOps.CONST:
       body = KernelNode(BufferOps.CONST, (), (out.arg, ShapeTracker.from_shape(out.shape)), out.dtype)
     else:
+      self.row_reduce = self.scheduler.row_reduce_of(out)
       body = KernelNode(out.op, tuple(self.build(s, None) for s in out.srcs), out.arg, out.dtype)
     out_shape = out.shape
-    if self.fused_reduce is not None and self.fused_reduce is not out:
+    if self.fused_reduce is not None and self.fused_reduce is not out and self.fused_reduce is not self.row_reduce:
       # the consumer of a fused reduce runs in the reduce's output space
       out_shape = self.fused_reduce.shape
       body = _reshape_outside_reduce(body, out_shape, {})
@@ -283,16 +320,38 @@ class _KernelBuilder:
       return KernelNode(BufferOps.CONST, (), (base.arg, st), base.dtype)
     if self.scheduler.must_realize(base): return self.load(base, st)
     if isinstance(base.op, ReduceOps):
-      if self.fused_reduce is None and _plain(st, base):
+      if self.fused_reduce is None and (_plain(st, base) or (base is self.row_reduce and self._row_view(st, base))):
         self.fused_reduce = base
         return self.reduce_node(base)
       return self.force_load(base, st)
     # padding reads zeros, which the inlined op may not map to zero; an expanding read (a matmul
-    # operand) would recompute the op once per reuse: both read a realized buffer instead
-    if st.has_mask or prod(st.shape) > base.size: return self.force_load(base, st)
+    # operand) would recompute the op once per reuse: both read a realized buffer instead. Except
+    # the per-row value that leads to this kernel's row reduce (softmax's 1/sum): it is computed
+    # once per row, in registers
+    row_value = self.fused_reduce is None and self._row_view(st, base) and self.scheduler.reaches(base, self.row_reduce)
+    if not row_value and (st.has_mask or prod(st.shape) > base.size): return self.force_load(base, st)
     srcs = tuple(self.build(s, st) for s in base.srcs)
     if base.op is LoadOps.CONTIGUOUS: return srcs[0]
     return KernelNode(base.op, srcs, base.arg, base.dtype)
+
+
+  def _row_view(self, st: ShapeTracker, base: LazyBuffer) -> bool:
+    """`st` reads base (shaped like the row reduce's output) once per element of this kernel's rows."""
+    return self.row_reduce is not None and base.shape == self.row_reduce.shape and \
+      st == ShapeTracker.from_shape(base.shape).expand(self.output.shape)
+
+
+# a row reduce (see row_reduce_of) needs a row that stays in L1/L2 between its two passes, and
+# enough rows for every thread
+ROW_REDUCE_MAX_ELEMENTS = 8192
+ROW_REDUCE_MIN_ROWS = 16
+
+
+def _row_reduce_fits(reduce: LazyBuffer, shape: tuple[int, ...]) -> bool:
+  full, axes = reduce.srcs[0].shape, tuple(sorted(reduce.arg))
+  if full != shape or not axes or axes != tuple(range(len(full) - len(axes), len(full))): return False
+  row = prod(full[a] for a in axes)
+  return 1 < row <= ROW_REDUCE_MAX_ELEMENTS and prod(full) // row >= ROW_REDUCE_MIN_ROWS
 
 
 def _plain(st: ShapeTracker, base: LazyBuffer) -> bool:
