@@ -113,6 +113,21 @@ def test_matmul_gets_vector_and_tile(monkeypatch):
   assert sum(1 for u in program.uops if u.op.name == "DEFINE_ACC") == 1
 
 
+def test_batched_matmul_threads_split_the_batch(monkeypatch):
+  """Each (batch, head) of attention's q @ k^T is its own matmul: the batch axis goes outermost (the
+  loop the threads split); a plain matmul's weights don't move along its batch, so it stays inside."""
+  from tinychad.codegen.linearize import opt_inputs
+  from tinychad.codegen.opt import choose_opts
+  monkeypatch.setenv("NOOPT", "0")
+  q, kt, w = Tensor.rand(32, 128, 64, device="NUMPY"), Tensor.rand(32, 64, 128, device="NUMPY"), Tensor.rand(64, 128, device="NUMPY")
+  for b, batched in ((kt, True), (w, False)):
+    (item,) = [it for it in create_schedule([(q @ b).lazydata]) if it.is_kernel]
+    dims, *_ = inputs = opt_inputs(item.ast)
+    opts = choose_opts(*inputs)
+    if batched: assert dims[0] == (32, False) and opts.order[0] == 0, (dims, opts)
+    else: assert opts.order[0] == opts.vector[0], (dims, opts)
+
+
 def test_short_reduce_gets_a_wider_shallower_tile(monkeypatch):
   """Attention's q @ k^T reduces over 64: its tile is 4 rows of 4 vectors, a long matmul's 8 of 2."""
   from tinychad.codegen.linearize import opt_inputs

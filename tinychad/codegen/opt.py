@@ -18,7 +18,8 @@ The heuristics, in order (every choice needs the axis size to divide evenly, so 
     wide, or SHORT_REDUCE_ROW_VECTORS for a reduce of at most SHORT_REDUCE elements;
   - more accumulators: a reduce with no register tile keeps several vector partial sums (latency);
   - loop order: with a register tile and a non-reduce vector axis, the vector axis's loop goes
-    outermost, then the other axes along which the tile's shared load (stride 0 along the tile:
+    outermost (after the batch axes of a batched matmul, along which every operand moves), then
+    the other axes along which the tile's shared load (stride 0 along the tile:
     B in a matmul) moves, so the panel of B they select stays in cache while the tile axis sweeps
     A under it. This matters once the scheduler packed B into panels (engine/schedule.py): the
     vector axis is then split into (panel, lane) and the panel axis must stay outside the tile's.
@@ -143,6 +144,14 @@ def _panel_axes(dims: Dims, leaves: list[LeafAccess], tile: list[int], vec: int)
           and any(leaf.strides[d] != 0 for leaf in shared)]
 
 
+def _batch_axes(leaves: list[LeafAccess], panel: list[int]) -> list[int]:
+  """The panel axes along which every load inside the reduce moves: the batch of a batched matmul
+  (attention's batch x heads), whose items share nothing. They go outermost, so each thread keeps
+  its own items' operands in its cache (q @ k^T in a GPT 0.67 -> 0.49 ms)."""
+  loads = [leaf for leaf in leaves if leaf.is_load and leaf.below_reduce]
+  return [d for d in panel if all(leaf.strides[d] != 0 for leaf in loads)]
+
+
 def _natural_order(dims: Dims) -> list[int]: return [d for d, (_, r) in enumerate(dims) if not r]
 
 
@@ -186,7 +195,8 @@ def _build_opts(dims: Dims, leaves: list[LeafAccess], vector: Vector,
   if tile and vector is not None and not dims[vector[0]][1]:
     vec = vector[0]
     panel = _panel_axes(dims, leaves, list(tile), vec)
-    opts.order = [vec] + panel + [d for d in opts.order if d != vec and d not in panel]
+    batch = _batch_axes(leaves, panel)
+    opts.order = batch + [vec] + [d for d in panel if d not in batch] + [d for d in opts.order if d != vec and d not in panel]
   return opts
 
 
