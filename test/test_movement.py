@@ -378,6 +378,27 @@ def test_window_of_an_inlined_elementwise_result():
   np.testing.assert_allclose(out.numpy(), (array.transpose(2, 0, 1) + 1)[0:1, 0:1, 0:1] * 2)
 
 
+def test_tensor_index_reads_rows_with_one_gather():
+  """An embedding lookup is one GATHER kernel (one row read per index, no one-hot sum over the table);
+  its gradient, the one-hot sum, matches PyTorch's, repeated indices included."""
+  from tinychad.ops import BufferOps, ReduceOps
+  table, idx = random_inputs((50, 8))[0], np.array([[3, 49, 3], [0, -1, 7]])
+  out = Tensor(table)[Tensor(idx)]
+  kernels = [item for item in out.schedule() if item.is_kernel]
+  assert any(n.op is BufferOps.GATHER for item in kernels for n in item.ast.walk())
+  assert not any(isinstance(n.op, ReduceOps) for item in kernels for n in item.ast.walk())
+  compare([table, idx], lambda t, i: t[i], lambda t, i: t[i])
+  compare([(4, 6, 5), np.array([2, 0, 2])], lambda x, i: x[:, i].exp(), lambda x, i: x[:, i].exp())
+
+
+def test_gather_reads_zeros_outside_the_table():
+  """The GATHER op itself (tensor indexing checks bounds first): rows outside [0, rows) read 0."""
+  from tinychad import function as F
+  table = Tensor(np.arange(12, dtype=np.float32).reshape(4, 3))
+  picked = F.Gather.apply(table, Tensor(np.array([1, 4, -1, 3, 1 << 40])), Tensor.arange(4, dtype=dtypes.int64))
+  np.testing.assert_array_equal(picked.numpy(), [[3, 4, 5], [0, 0, 0], [0, 0, 0], [9, 10, 11], [0, 0, 0]])
+
+
 def test_getitem_with_basic_indices_is_a_view():
   x = Tensor(random_inputs((4, 5, 6))[0]).realize()
   y = x[1:, None, ..., ::-2, 3]

@@ -2,11 +2,13 @@
 
 in: a Tensor and a Python index (ints, slices with steps, None, ..., integer/bool tensors or lists)
 out: a Tensor. Basic indices become movement ops (shrink, flip, pad+reshape for steps), so they
-never copy; tensor indices become a one-hot comparison against arange and a sum (a reduce), so
-they stay differentiable and need no gather primitive.
+never copy; tensor indices become one flat row index into the indexed axes, and a GATHER load reads
+those rows (an embedding lookup reads 1 row, not all of them through a one-hot sum); its gradient is
+the one-hot sum. gather/scatter along a dim keep the one-hot form.
 """
 from __future__ import annotations
 import numpy as np
+from tinychad import function as F
 from tinychad.dtype import dtypes
 from tinychad.tensor import Tensor, _shape_str
 
@@ -116,10 +118,7 @@ def _tensor_index(x: Tensor, positions: list[int], indices: list[Tensor], orig_s
   moved = x.permute(positions + rest)
   rest_shape = tuple(x.shape[d] for d in rest)
   moved = moved.reshape((stride,) + rest_shape)
-  one_hot = flat.unsqueeze(-1) == Tensor.arange(stride, device=x.device)
-  one_hot = one_hot.reshape(bshape + (stride,) + (1,) * len(rest_shape))
-  picked = one_hot.where(moved.reshape((1,) * len(bshape) + moved.shape), 0)
-  out = picked.sum(len(bshape), dtype=x.dtype)
+  out = F.Gather.apply(moved, flat, Tensor.arange(stride, dtype=flat.dtype, device=x.device))
   consecutive = positions == list(range(positions[0], positions[0] + len(positions)))
   if consecutive and positions[0] > 0:
     nb, first = len(bshape), positions[0]

@@ -122,6 +122,13 @@ class LazyBuffer:
     if self._base is None and self.op is not LoadOps.CONST: return self
     return LazyBuffer(self.device, ShapeTracker.from_shape(self.shape), self.dtype, LoadOps.CONTIGUOUS, None, (self,))
 
+  def gather(self, indices: LazyBuffer) -> LazyBuffer:
+    """Rows of self (shape (rows, *row)) picked by integer `indices`: shape indices.shape + row. An
+    index outside [0, rows) reads zeros. A load op: its kernel reads the index, then one row."""
+    table = self if len(self.st.views) == 1 and self.st.views[0].mask is None else self.contiguous()
+    shape = indices.shape + self.shape[1:]
+    return LazyBuffer(self.device, ShapeTracker.from_shape(shape), self.dtype, LoadOps.GATHER, None, (table, indices))
+
   def copy_to_device(self, device: str) -> LazyBuffer:
     if device == self.device: return self
     src = self.contiguous()

@@ -67,12 +67,14 @@ class LoadOps(_OpEnum):
   FROM_NUMPY = auto()  # host data handed over by the user
   COPY = auto()        # copy a buffer from another device
   CONTIGUOUS = auto()  # materialise a view into its own buffer
+  GATHER = auto()      # rows of a table picked by integer indices: srcs = (table, indices), out[i..., j...] = table[indices[i...], j...]
 
 
 class BufferOps(_OpEnum):
   LOAD = auto()        # read an input buffer through a ShapeTracker: arg = (buffer number, tracker)
   CONST = auto()       # a constant read through a ShapeTracker (its mask makes padding): arg = (value, tracker)
   STORE = auto()       # write the kernel's result: arg = (buffer number, tracker)
+  GATHER = auto()      # LOAD at a row given by srcs[0]: arg = (buffer number, tracker of row 0 over the kernel, row stride, rows); 0 outside [0, rows)
 
 
 Op = UnaryOps | BinaryOps | TernaryOps | ReduceOps | MovementOps | LoadOps | BufferOps
@@ -135,7 +137,7 @@ class KernelNode:
         tags[node] = len(tags)
         tag = f" #{tags[node]}"
       arg = node.arg
-      if node.op in (BufferOps.LOAD, BufferOps.CONST, BufferOps.STORE):
+      if node.op in (BufferOps.LOAD, BufferOps.CONST, BufferOps.STORE, BufferOps.GATHER):
         arg = f"{arg[0]}, views={[(v.shape, v.strides, v.offset, v.mask) for v in arg[1].views]}"
       lines.append(f"{pad}{node.op.name} {node.dtype.name if node.dtype else ''} {arg if arg is not None else ''}".rstrip() + tag)
       for src in node.srcs: show(src, indent + 1)

@@ -205,6 +205,8 @@ class _Lowerer:
     """Per dim, how far node's index moves when that dim steps by one (None: not a constant step or the
     validity changes). One view gives it directly; stacked views are asked symbolically."""
     st, view = node.arg[1], self.views[id(node)]
+    # a gathered row moves with its index wherever row 0's view stands still: not a known step there
+    if node.op is BufferOps.GATHER: return tuple(None if stride == 0 else stride for stride in view.strides)
     if len(st.views) == 1: return view.strides
     below, out = id(node) in self.below, []
     for d, (size, is_reduce) in enumerate(self.dims):
@@ -251,11 +253,11 @@ class _Lowerer:
     # a row reduce (engine/schedule.py): the output spans the reduce axes, so after the reduce loop
     # closes, the kernel loops over them again to compute and store every element of the row
     self.row_pass = self.reduce is not None and out_shape == full_shape
-    self.leaves = [n for n in store.walk() if n.op in (BufferOps.LOAD, BufferOps.CONST)] + [store]
+    self.leaves = [n for n in store.walk() if n.op in (BufferOps.LOAD, BufferOps.CONST, BufferOps.GATHER)] + [store]
     self.dims, views = simplify_dims(full_shape, reduce_axes, [_top(n.arg[1]) for n in self.leaves])
     self.views = {id(n): v for n, v in zip(self.leaves, views)}
     nodes = store.walk()
-    access = [LeafAccess(self.strides(n), n.op is BufferOps.LOAD, n is store, id(n) in self.below) for n in self.leaves]
+    access = [LeafAccess(self.strides(n), n.op in (BufferOps.LOAD, BufferOps.GATHER), n is store, id(n) in self.below) for n in self.leaves]
     dtypes_used = {n.dtype for n in nodes} | {n.arg for n in nodes if n.op is UnaryOps.CAST}
     return self.dims, access, dtypes_used, {n.op for n in nodes}
 
@@ -278,12 +280,13 @@ class _Lowerer:
       idxs = [Num(0) if r and id(n) not in self.below and not self.row_pass else v for v, (_, r) in zip(full, self.dims)]
       index, valid = ShapeTracker(n.arg[1].views[:-1] + (self.views[id(n)],)).expr_idxs(idxs)
       exprs += [to_node(index)] + ([] if valid is None else [to_node(valid)])
+      if n.op is BufferOps.GATHER: exprs.append(Num(n.arg[2] * n.arg[3]) + to_node(index))   # the last row
     self.idx_dtype = dtypes.int32 if fits_int32(exprs + full) and all(s < 2**31 for s, _ in self.dims) else dtypes.int64
 
     self.vars: dict[str, UOp] = {}
     bufs = {0: store.dtype}
     for n in leaves:
-      if n.op is BufferOps.LOAD: bufs[n.arg[0]] = n.dtype
+      if n.op in (BufferOps.LOAD, BufferOps.GATHER): bufs[n.arg[0]] = n.dtype
     self.globals = [self.emit(UOps.DEFINE_GLOBAL, bufs[i], (), (i, i == 0), cse=False) for i in sorted(bufs)]
 
     # loops: the non-reduce ones in the chosen order (the first is split across threads), then the reduce
@@ -369,6 +372,28 @@ class _Lowerer:
     parts = tuple(self.scalar_leaf(node, e) for e in exprs)
     return self.emit(UOps.VECTORIZE, node.dtype, parts, vec=len(parts))
 
+  def gather(self, node: KernelNode, lane: Lane) -> UOp:
+    """A GATHER at `lane`: row 0's element plus the row index times the row stride, loaded where the
+    index is inside the table (0 elsewhere); one vector load when the lanes read consecutive elements
+    of one row, as along an embedding's row."""
+    _, _, row_stride, rows = node.arg
+    lanes = self.vector_lanes(lane)
+    exprs = [self.leaf_expr(node, ln) for ln in lanes]
+    rows_of = [self.value(node.srcs[0], ln) for ln in lanes] if len(lanes) > 1 else [self.value(node.srcs[0], lane)]
+    def load(expr: tuple[Node, Node | None], row: UOp, vec: int) -> UOp:
+      # the bounds are checked in the index's own dtype, before a narrowing cast could wrap it inside
+      inside = self.emit(UOps.ALU, dtypes.bool, (self.const(-1, row.dtype), row), BinaryOps.CMPLT)
+      inside = self.emit(UOps.ALU, dtypes.bool, (inside, self.emit(UOps.ALU, dtypes.bool, (row, self.const(rows, row.dtype)), BinaryOps.CMPLT)), BinaryOps.AND)
+      row = self.emit(UOps.ALU, self.idx_dtype, (row,), UnaryOps.CAST) if row.dtype != self.idx_dtype else row
+      index = self.emit(UOps.ALU, self.idx_dtype, (self.index(expr[0]), self.emit(UOps.ALU, self.idx_dtype, (row, self.const(row_stride, self.idx_dtype)), BinaryOps.MUL)), BinaryOps.ADD)
+      if expr[1] is not None: inside = self.emit(UOps.ALU, dtypes.bool, (inside, self.index(expr[1])), BinaryOps.AND)
+      return self.emit(UOps.LOAD, node.dtype, (self.globals[node.arg[0]], index, inside), vec=vec)
+    if all(r is rows_of[0] for r in rows_of) and rows_of[0].vec == 1 and _consecutive(exprs):
+      return load(exprs[0], rows_of[0], len(lanes))
+    if rows_of[0].vec > 1: rows_of = [self.emit(UOps.GEP, rows_of[0].dtype, (rows_of[0],), i) for i in range(len(lanes))]
+    parts = tuple(load(e, r, 1) for e, r in zip(exprs, rows_of))
+    return parts[0] if len(parts) == 1 else self.emit(UOps.VECTORIZE, node.dtype, parts, vec=len(parts))
+
   def scalar_leaf(self, node: KernelNode, expr: tuple[Node, Node | None], vec: int = 1) -> UOp:
     index, valid = expr
     if isinstance(valid, Num) and valid.value == 0: return self.const(0, node.dtype)
@@ -393,6 +418,7 @@ class _Lowerer:
 
   def _value(self, node: KernelNode, lane: Lane) -> UOp:
     if node.op is BufferOps.LOAD or node.op is BufferOps.CONST: return self.leaf(node, lane)
+    if node.op is BufferOps.GATHER: return self.gather(node, lane)
     srcs = tuple(self.value(s, lane) for s in node.srcs)
     vec = max(s.vec for s in srcs)
     if node.op in (UnaryOps.CAST, UnaryOps.BITCAST): return self.emit(UOps.ALU, node.arg, srcs, node.op, vec=vec)

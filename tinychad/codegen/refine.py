@@ -48,7 +48,7 @@ def _reshaped(node: KernelNode, shape: Shape, done: dict[KernelNode, KernelNode]
 @functools.lru_cache(maxsize=4096)
 def refine_kernel_shape(ast: KernelNode) -> KernelNode:
   nodes = ast.walk()
-  if any(isinstance(n.op, ReduceOps) for n in nodes): return ast
+  if any(isinstance(n.op, ReduceOps) or n.op is BufferOps.GATHER for n in nodes): return ast
   leaves = [n for n in nodes if n.op in (BufferOps.LOAD, BufferOps.CONST)]
   shape = ast.arg[1].shape
   refined = shape

@@ -127,9 +127,11 @@ def buffer_specs(ast: KernelNode) -> dict[int, tuple[int, DType]]:
   its views reach. The bottom view of a tracker is the one that indexes the buffer itself."""
   specs: dict[int, tuple[int, DType]] = {}
   for node in ast.walk():
-    if node.op not in (BufferOps.LOAD, BufferOps.STORE): continue
-    number, st = node.arg
-    size = max(_view_extent(st.views[0]), specs[number][0] if number in specs else 0)
+    if node.op not in (BufferOps.LOAD, BufferOps.STORE, BufferOps.GATHER): continue
+    number, st = node.arg[:2]
+    extent = _view_extent(st.views[0])
+    if node.op is BufferOps.GATHER: extent += (node.arg[3] - 1) * node.arg[2]   # every row of the table
+    size = max(extent, specs[number][0] if number in specs else 0)
     specs[number] = (size, node.dtype)
   return specs
 

@@ -230,6 +230,8 @@ class _KernelBuilder:
       body = self.build(out.srcs[0], None)
     elif out.op is LoadOps.CONST:
       body = KernelNode(BufferOps.CONST, (), (out.arg, ShapeTracker.from_shape(out.shape)), out.dtype)
+    elif out.op is LoadOps.GATHER:
+      body = self.gather_node(out)
     else:
       self.row_reduce = self.scheduler.row_reduce_of(out)
       body = KernelNode(out.op, tuple(self.build(s, None) for s in out.srcs), out.arg, out.dtype)
@@ -291,6 +293,20 @@ class _KernelBuilder:
     panels = self.scheduler.packed[key]
     inverse = tuple(order.index(a) for a in range(len(order)))
     return self.load(panels, ShapeTracker.from_shape(panels.shape).permute(inverse).expand(shape))
+
+  def gather_node(self, out: LazyBuffer) -> KernelNode:
+    """The GATHER leaf of `out`'s kernel: the index read over out's shape (broadcast along the row),
+    and the table's row 0 as a view over out's shape, with the step from one row to the next."""
+    table, indices = out.srcs
+    row_axes = len(table.shape) - 1
+    index = self.build(indices.reshape(indices.shape + (1,) * row_axes).expand(out.shape), None)
+    view = table.st.views[0]
+    row0 = table.st.shrink(((0, 1),) + tuple((0, s) for s in table.shape[1:]))
+    row0 = row0.reshape((1,) * len(indices.shape) + table.shape[1:]).expand(out.shape)
+    self.scheduler.realize(table.base)
+    if table.base not in self.inputs: self.inputs.append(table.base)
+    arg = (self.inputs.index(table.base) + 1, row0, view.strides[0], table.shape[0])
+    return KernelNode(BufferOps.GATHER, (index,), arg, out.dtype)
 
   def reduce_node(self, base: LazyBuffer) -> KernelNode:
     src = self.build(base.srcs[0], None)

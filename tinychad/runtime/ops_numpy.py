@@ -7,7 +7,7 @@ so it follows C semantics exactly (truncating integer division, fmod remainder).
 """
 from __future__ import annotations
 import numpy as np
-from tinychad.dtype import DType
+from tinychad.dtype import DType, dtypes
 from tinychad.ops import UnaryOps, BinaryOps, TernaryOps, ReduceOps, BufferOps, KernelNode
 from tinychad.view import ShapeTracker, View
 
@@ -67,6 +67,14 @@ def evaluate(node: KernelNode, bufs: list[np.ndarray], cache: dict) -> np.ndarra
   op = node.op
   if op is BufferOps.LOAD:
     out = read_view(bufs[node.arg[0]], node.arg[1], node.dtype)
+  elif op is BufferOps.GATHER:
+    number, row0, row_stride, rows = node.arg
+    index = np.broadcast_to(evaluate(node.srcs[0], bufs, cache), row0.shape).astype(np.int64)
+    table = bufs[number]
+    # where row 0's elements are, as positions in the table, then moved down to the picked row
+    positions = read_view(np.arange(table.size), row0, dtypes.int64) + index * row_stride
+    inside = (index >= 0) & (index < rows)
+    out = np.where(inside, table[np.where(inside, positions, 0)], np.zeros((), table.dtype)).astype(node.dtype.np, copy=False)
   elif op is BufferOps.CONST:
     out = read_view(np.array([node.arg[0]], dtype=node.dtype.np), node.arg[1], node.dtype)
   elif isinstance(op, ReduceOps):
