@@ -229,6 +229,17 @@ def test_random_movement_chains(case):
   check(build, x)
 
 
+def test_sum_over_a_flipped_row():
+  """gcc 12's loop vectorizer summed x[2r] twice and never x[2r+1] here (found by the test above):
+  kernels are built with -fno-tree-loop-vectorize."""
+  x = np.arange(10, 70, 10, dtype=np.float32).reshape(3, 2)
+  def build(a):
+    a = a.flip((False, True))
+    return a.e(BinaryOps.MUL, a).e(BinaryOps.ADD, a.e(UnaryOps.NEG)).r(ReduceOps.SUM, (0, 1))
+  check(build, x)
+  assert run(build, [x], "CPU").item() == 8890
+
+
 # ---- address sanitizer ----
 
 ASAN_SCRIPT = textwrap.dedent("""

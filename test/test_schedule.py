@@ -110,8 +110,8 @@ def test_cheap_elementwise_used_twice_is_recomputed():
 
 
 def test_elementwise_read_several_times_by_one_kernel_stays_in_it():
-  """erf's t = 1/(1+p*|x|) feeds five steps of one polynomial: all in the same kernel, so t is
-  computed there once instead of being written to memory and read back."""
+  """erf's t = x*x feeds ten steps of two polynomials: all in the same kernel, so t is computed
+  there once instead of being written to memory and read back."""
   x, b = rand(32, 64), rand(64)
   out = (x + b).gelu()
   assert kernels(out) == 1

@@ -11,6 +11,14 @@ Flags: -O2 -march=native -fPIC -shared, plus
                       whose float sum is already split into partial sums (Program.contract), where
                       -ffp-contract=fast lets a*b+acc be one FMA
 and `$CC_FLAGS_EXTRA` (e.g. -fsanitize=address for tests). No -ffast-math: NaN and inf must survive.
+gcc (12 here) also gets
+  -fno-tree-loop-vectorize  its loop vectorizer miscompiles a float sum over a reversed row (a flip:
+                      it read x[2r] twice and never x[2r+1]); kernels are SIMD through C vector
+                      types already, so nothing is lost where it matters
+  -mno-avx512fp16 -fexcess-precision=standard, for kernels with `_Float16`: its AVX512-FP16 code for
+                      a select feeding a store is an instruction the assembler rejects (a zero-masked
+                      vmovsh store); without it each half op computes in float and rounds to half on
+                      assignment, as numpy does
 `prepare(items)` compiles every new kernel of a schedule up front, several gcc processes at once.
 """
 from __future__ import annotations
@@ -36,21 +44,33 @@ class CompileError(RuntimeError):
   """A kernel's C source did not compile; the message names the kernel and has the compiler output."""
 
 
-def compile_flags(contract: bool = False) -> list[str]:
-  flags = BASE_FLAGS + shlex.split(os.getenv("CC_FLAGS_EXTRA", ""))
+GCC_FLAGS = ["-fno-tree-loop-vectorize"]
+GCC_HALF_FLAGS = ["-mno-avx512fp16", "-fexcess-precision=standard"]
+
+
+@functools.lru_cache(maxsize=None)
+def _is_gcc(cc: str) -> bool:
+  try: banner = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
+  except OSError: return False
+  return "Free Software Foundation" in banner and "clang" not in banner
+
+
+def compile_flags(contract: bool = False, source: str = "", cc: str = "") -> list[str]:
+  gcc = GCC_FLAGS + (GCC_HALF_FLAGS if "_Float16" in source else []) if cc and _is_gcc(cc) else []
+  flags = BASE_FLAGS + gcc + shlex.split(os.getenv("CC_FLAGS_EXTRA", ""))
   return [CONTRACT_FLAG if f == "-ffp-contract=off" else f for f in flags] if contract else flags
 
 
 def library_key(source: str, cc: str, contract: bool = False) -> str:
   """The cache key of the library built from `source` by `cc` with our flags."""
-  return cache_key(source, cc, " ".join(compile_flags(contract)))
+  return cache_key(source, cc, " ".join(compile_flags(contract, source, cc)))
 
 
 def compile_c(source: str, name: str, compiler: str | None = None, contract: bool = False) -> ctypes.CDLL:
   """A loaded shared library built from `source` (cached). `name` is only for error messages."""
   cc = compiler or find_c_compiler()
   if cc is None: raise CompileError(f"kernel {name}: no C compiler found (set CC, or install clang or gcc)")
-  flags = compile_flags(contract)
+  flags = compile_flags(contract, source, cc)
 
   def build(out: Path) -> None:
     cmd = [cc, *flags, "-x", "c", "-", "-o", str(out), "-lm"]
