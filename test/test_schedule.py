@@ -226,3 +226,21 @@ def test_conv_relu_pool_has_no_transposing_copy(monkeypatch):
   items = x.conv2d(w).relu().max_pool2d(2).schedule()
   # the weight's channels-last copy, the convolution (+ReLU), the pool, the pooled result to NCHW
   assert [item.output.size for item in items] == [3 * 3 * 3 * 8, 4 * 8 * 8 * 8, 4 * 8 * 4 * 4, 4 * 8 * 4 * 4]
+
+
+def test_single_channel_conv_weight_gradient_reads_the_channels_last_gradient(monkeypatch):
+  """conv(1 -> 8) -> relu -> max-pool: the gradient reaching the convolution is channels-last, and the
+  weight gradient reads it that way; an NCHW copy would be a transposing kernel gcc can't vectorize."""
+  monkeypatch.delenv("NOOPT", raising=False)
+  torch = __import__("torch")
+  x, w = rand(4, 1, 10, 10), Tensor.randn(8, 1, 3, 3, requires_grad=True).realize()
+  x.conv2d(w).relu().max_pool2d(2).sum().backward()
+  full = 4 * 8 * 8 * 8
+  for item in w.grad.schedule():
+    if not item.is_kernel or item.output.size != full or not item.name.startswith("E_"): continue
+    for load in _loads(item):
+      strides = [s for s in load.arg[1].views[-1].strides if s != 0]
+      assert strides == sorted(strides, reverse=True), (item.name, load.arg[1])   # walks memory in order
+  tw = torch.tensor(w.numpy(), requires_grad=True)
+  torch.nn.functional.max_pool2d(torch.nn.functional.conv2d(torch.tensor(x.numpy()), tw).relu(), 2).sum().backward()
+  np.testing.assert_allclose(w.grad.numpy(), tw.grad.numpy(), rtol=1e-4, atol=1e-4)

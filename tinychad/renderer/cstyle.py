@@ -159,6 +159,11 @@ class CRenderer:
     if op in (BinaryOps.AND, BinaryOps.OR, BinaryOps.XOR) and all(x == u.dtype for x in operands) and not u.dtype.is_float:
       a, b = (self.splat(x, src, u.vec) for x, src in zip(s, u.srcs))
       return [f"{vtype} {name} = {a}{_INFIX[op]}{b};"]
+    if op is UnaryOps.CAST and u.srcs[0].vec > 1 and operands[0] == dtypes.bool and u.dtype in _NATIVE_VECTOR_DTYPES:
+      # a bool (a compare) to 1/0 through a lane mask: the mask ANDs the bits of 1 in each lane
+      mtype = self.type_name(_MASK_INT[u.dtype.itemsize], u.vec)
+      mask = self.lane_mask(u.srcs[0], s[0], u.dtype.itemsize, mtype)
+      return [f"{vtype} {name} = ({vtype})({mask} & ({mtype})(({vtype}){{}} + 1));"]
     if op is UnaryOps.CAST and u.srcs[0].vec > 1 and _converts_exactly(operands[0], u.dtype):
       return [f"{vtype} {name} = __builtin_convertvector({s[0]}, {vtype});"]
     if op in COMPARISONS and operands[0] in _NATIVE_VECTOR_DTYPES and operands[0] == operands[1]:
