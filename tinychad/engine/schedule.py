@@ -4,7 +4,7 @@ in: the LazyBuffers to realize
 out: ScheduleItems, dependencies first. Each is one kernel tree (loads with views -> ALU ops -> at most
      one reduce -> ALU ops -> store) plus the buffers it reads and writes.
 Fusion rules, in order:
-  - a base that is already realized, a load op (COPY, EMPTY, CONTIGUOUS) or used more than once is
+  - a base that is already realized, a load op (COPY, EMPTY, CONTIGUOUS, GATHER) or used more than once is
     its own kernel (so a tensor used twice is computed once), except a cheap elementwise base (a few
     ALU ops over realized inputs, no reduce): re-reading its inputs costs less than writing it to
     memory and reading it back, so each consumer recomputes it (softmax's exp is one);
@@ -106,6 +106,7 @@ class _Scheduler:
     self.uses: dict[LazyBuffer, int] = {}    # how many graph edges read each base
     self.readers: dict[LazyBuffer, list[tuple[LazyBuffer, ShapeTracker]]] = {}   # base -> (reader, view)
     self._owner_memo: dict[LazyBuffer, LazyBuffer | None] = {}
+    self.has_reduce = False    # any reduce left to compute (else there is no row reduce to look for)
     self._cheap_memo: dict[LazyBuffer, bool] = {}
     self.packed: dict[tuple[LazyBuffer, ShapeTracker], LazyBuffer] = {}   # (operand, its view) -> its panels
     self._count_uses([o.base for o in outs])
@@ -116,6 +117,7 @@ class _Scheduler:
       base = stack.pop()
       if base in seen or base.realized is not None: continue
       seen.add(base)
+      if isinstance(base.op, ReduceOps): self.has_reduce = True
       for src in base.srcs:
         child = src.base
         self.uses[child] = self.uses.get(child, 0) + 1
@@ -189,7 +191,7 @@ class _Scheduler:
     variance). Its kernel sums a row, then runs over the same row again while it is still in cache,
     instead of writing the sums and reading the rows back from memory in a second kernel. When several
     reduces qualify, the one the others feed (layernorm's variance needs the mean); never two."""
-    if isinstance(out.op, (ReduceOps, LoadOps)): return None
+    if not self.has_reduce or isinstance(out.op, (ReduceOps, LoadOps)): return None
     candidates = [r for r in self._inlined_reduces(out, False) if _row_reduce_fits(r, out.shape)]
     last = [r for r in candidates if not any(r in self._inlined_reduces(other, True) for other in candidates if other is not r)]
     return last[0] if len(last) == 1 else None
