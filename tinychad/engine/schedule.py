@@ -7,7 +7,9 @@ Fusion rules, in order:
   - a base that is already realized, a load op (COPY, EMPTY, CONTIGUOUS, GATHER) or used more than once is
     its own kernel (so a tensor used twice is computed once), except a cheap elementwise base (a few
     ALU ops over realized inputs, no reduce): re-reading its inputs costs less than writing it to
-    memory and reading it back, so each consumer recomputes it (softmax's exp is one);
+    memory and reading it back, so each consumer recomputes it (softmax's exp is one), and an
+    elementwise base whose every read lands in one kernel (erf's x*x, read by two polynomials): it
+    is computed there once, in registers;
   - an elementwise base read by exactly one consumer is inlined into that consumer's kernel, its views
     composed with the consumer's (no copy), unless the view pads (padding reads zeros, and the op
     may not map zero to zero) or expands (a matmul operand would be recomputed for every reuse);
