@@ -244,3 +244,19 @@ def test_single_channel_conv_weight_gradient_reads_the_channels_last_gradient(mo
   tw = torch.tensor(w.numpy(), requires_grad=True)
   torch.nn.functional.max_pool2d(torch.nn.functional.conv2d(torch.tensor(x.numpy()), tw).relu(), 2).sum().backward()
   np.testing.assert_allclose(w.grad.numpy(), tw.grad.numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_constant_gradient_is_not_copied_into_a_padded_buffer(monkeypatch):
+  """out.sum()'s gradient is a constant: the input gradient's convolution reads it through its padded
+  view (a masked constant, no memory) instead of a dense padded copy of ones."""
+  monkeypatch.delenv("NOOPT", raising=False)
+  torch = __import__("torch")
+  x = Tensor.randn(2, 4, 9, 9, requires_grad=True).realize()
+  w = Tensor.randn(6, 4, 3, 3, requires_grad=True).realize()
+  x.conv2d(w).sum().backward()
+  for item in x.grad.schedule():
+    assert not (item.is_kernel and item.ast.srcs[0].op.name == "CONST"), item.name   # a kernel storing a constant
+  tx, tw = torch.tensor(x.numpy(), requires_grad=True), torch.tensor(w.numpy(), requires_grad=True)
+  torch.nn.functional.conv2d(tx, tw).sum().backward()
+  np.testing.assert_allclose(x.grad.numpy(), tx.grad.numpy(), rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(w.grad.numpy(), tw.grad.numpy(), rtol=1e-4, atol=1e-4)

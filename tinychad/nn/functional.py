@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from tinychad.dtype import dtypes, promote_types
 from tinychad.function import Function
 from tinychad.lazy import LazyBuffer
+from tinychad.ops import LoadOps
 from tinychad.tensor import Tensor, _shape_str
 
 
@@ -62,6 +63,13 @@ class ConvGeometry:
   groups: int
 
 
+def _dense(x: Tensor) -> Tensor:
+  """x in its own contiguous buffer, unless it is a view of a constant (the gradient of a sum): a
+  kernel reads a constant through any view, padding included, without memory."""
+  base = x.lazydata.base
+  return x if base.op is LoadOps.CONST and base.realized is None else x.contiguous()
+
+
 def _window_product(x: Tensor, weight: Tensor, geo: ConvGeometry) -> Tensor:
   """The convolution itself: windows of the padded input times the weight, summed. (bs, cin, *in) -> (bs, cout, *out)
 
@@ -76,7 +84,7 @@ def _window_product(x: Tensor, weight: Tensor, geo: ConvGeometry) -> Tensor:
   if any(p != (0, 0) for p in geo.pads):
     # a padded read is a masked load, which the code generator can only do lane by lane; a dense
     # padded copy costs one pass over the input and lets the window reduction run in SIMD
-    x = x.pad(((0, 0), (0, 0)) + geo.pads).contiguous()
+    x = _dense(x.pad(((0, 0), (0, 0)) + geo.pads))
   windows = pool_windows(x, kernel, geo.stride, geo.dilation)                 # (bs, cin, *out, *kernel)
   outs = windows.shape[2:2 + n]
   out_group = cout // geo.groups
