@@ -376,23 +376,26 @@ class _Lowerer:
     """A GATHER at `lane`: row 0's element plus the row index times the row stride, loaded where the
     index is inside the table (0 elsewhere); one vector load when the lanes read consecutive elements
     of one row, as along an embedding's row."""
-    _, _, row_stride, rows = node.arg
     lanes = self.vector_lanes(lane)
     exprs = [self.leaf_expr(node, ln) for ln in lanes]
-    rows_of = [self.value(node.srcs[0], ln) for ln in lanes] if len(lanes) > 1 else [self.value(node.srcs[0], lane)]
-    def load(expr: tuple[Node, Node | None], row: UOp, vec: int) -> UOp:
-      # the bounds are checked in the index's own dtype, before a narrowing cast could wrap it inside
-      inside = self.emit(UOps.ALU, dtypes.bool, (self.const(-1, row.dtype), row), BinaryOps.CMPLT)
-      inside = self.emit(UOps.ALU, dtypes.bool, (inside, self.emit(UOps.ALU, dtypes.bool, (row, self.const(rows, row.dtype)), BinaryOps.CMPLT)), BinaryOps.AND)
-      row = self.emit(UOps.ALU, self.idx_dtype, (row,), UnaryOps.CAST) if row.dtype != self.idx_dtype else row
-      index = self.emit(UOps.ALU, self.idx_dtype, (self.index(expr[0]), self.emit(UOps.ALU, self.idx_dtype, (row, self.const(row_stride, self.idx_dtype)), BinaryOps.MUL)), BinaryOps.ADD)
-      if expr[1] is not None: inside = self.emit(UOps.ALU, dtypes.bool, (inside, self.index(expr[1])), BinaryOps.AND)
-      return self.emit(UOps.LOAD, node.dtype, (self.globals[node.arg[0]], index, inside), vec=vec)
-    if all(r is rows_of[0] for r in rows_of) and rows_of[0].vec == 1 and _consecutive(exprs):
-      return load(exprs[0], rows_of[0], len(lanes))
-    if rows_of[0].vec > 1: rows_of = [self.emit(UOps.GEP, rows_of[0].dtype, (rows_of[0],), i) for i in range(len(lanes))]
-    parts = tuple(load(e, r, 1) for e, r in zip(exprs, rows_of))
+    rows = [self.value(node.srcs[0], ln) for ln in lanes]
+    if all(row is rows[0] for row in rows) and rows[0].vec == 1 and _consecutive(exprs):
+      return self.gathered_load(node, exprs[0], rows[0], len(lanes))
+    if rows[0].vec > 1: rows = [self.emit(UOps.GEP, rows[0].dtype, (rows[0],), i) for i in range(len(lanes))]
+    parts = tuple(self.gathered_load(node, expr, row, 1) for expr, row in zip(exprs, rows))
     return parts[0] if len(parts) == 1 else self.emit(UOps.VECTORIZE, node.dtype, parts, vec=len(parts))
+
+  def gathered_load(self, node: KernelNode, expr: tuple[Node, Node | None], row: UOp, vec: int) -> UOp:
+    _, _, row_stride, rows = node.arg
+    def alu(dtype: DType, op: Op, *srcs: UOp) -> UOp: return self.emit(UOps.ALU, dtype, srcs, op)
+    # the bounds are checked in the index's own dtype, before a narrowing cast could wrap it inside
+    inside = alu(dtypes.bool, BinaryOps.AND, alu(dtypes.bool, BinaryOps.CMPLT, self.const(-1, row.dtype), row),
+                 alu(dtypes.bool, BinaryOps.CMPLT, row, self.const(rows, row.dtype)))
+    if expr[1] is not None: inside = alu(dtypes.bool, BinaryOps.AND, inside, self.index(expr[1]))
+    if row.dtype != self.idx_dtype: row = alu(self.idx_dtype, UnaryOps.CAST, row)
+    offset = alu(self.idx_dtype, BinaryOps.MUL, row, self.const(row_stride, self.idx_dtype))
+    index = alu(self.idx_dtype, BinaryOps.ADD, self.index(expr[0]), offset)
+    return self.emit(UOps.LOAD, node.dtype, (self.globals[node.arg[0]], index, inside), vec=vec)
 
   def scalar_leaf(self, node: KernelNode, expr: tuple[Node, Node | None], vec: int = 1) -> UOp:
     index, valid = expr

@@ -135,7 +135,7 @@ class _Scheduler:
   def _single_kernel(self, base: LazyBuffer) -> LazyBuffer | None:
     """The output of the one kernel every read of elementwise `base` is inlined into, or None when
     its reads land in several kernels (or in a reduce, or through a view that forces a load).
-    erf's `t` is read five times by one polynomial: it stays in registers instead of memory."""
+    erf's x*x is read by both of its polynomials: it stays in registers instead of memory."""
     if base in self._owner_memo: return self._owner_memo[base]
     self._owner_memo[base] = None   # a cycle can't happen in a DAG; this only guards re-entry
     owner: LazyBuffer | None = None
@@ -221,7 +221,7 @@ class _KernelBuilder:
     self.scheduler, self.output = scheduler, output
     self.inputs: list[LazyBuffer] = []
     self.fused_reduce: LazyBuffer | None = None
-    # the reduce this kernel may compute per row before running over the row again (see _row_reduce)
+    # the reduce this kernel may compute per row before running over the row again (see row_reduce_of)
     self.row_reduce: LazyBuffer | None = None
     self.built: dict[tuple[LazyBuffer, ShapeTracker | None], KernelNode] = {}
 
@@ -263,8 +263,9 @@ class _KernelBuilder:
                   packed: dict[KernelNode, int], old_inputs: list[LazyBuffer], done: dict[KernelNode, KernelNode]) -> KernelNode:
     """`node` rebuilt over the shape with the axes in `splits` split (the reduce's axes are then
     `reduce_axes`); the loads in `packed` (with their split lane axis) read panels. `done` holds the
-    nodes already rebuilt (a subtree read twice is rebuilt once). A method, not a closure: a recursive closure is a reference cycle that would keep this kernel's output alive
-    (through self) until the garbage collector runs, so the memory pool could not reuse it."""
+    nodes already rebuilt (a subtree read twice is rebuilt once). A method, not a closure: a recursive
+    closure is a reference cycle that would keep this kernel's output alive (through self) until the
+    garbage collector runs, so the memory pool could not reuse it."""
     if node not in done: done[node] = self._split_lanes(node, splits, reduce_axes, packed, old_inputs, done)
     return done[node]
 
@@ -353,7 +354,6 @@ class _KernelBuilder:
     srcs = tuple(self.build(s, st) for s in base.srcs)
     if base.op is LoadOps.CONTIGUOUS: return srcs[0]
     return KernelNode(base.op, srcs, base.arg, base.dtype)
-
 
   def _row_view(self, st: ShapeTracker, base: LazyBuffer) -> bool:
     """`st` reads base (shaped like the row reduce's output) once per element of this kernel's rows."""
