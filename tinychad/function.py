@@ -48,7 +48,8 @@ class Gather(Function):
     picked_shape, row = self.indices.shape, grad.shape[len(self.indices.shape):]
     ones = (1,) * len(picked_shape)
     wide = picked_shape + (self.rows,)
-    one_hot = self.indices.reshape(picked_shape + (1,)).expand(wide).e(BinaryOps.CMPEQ, self.positions.reshape(ones + (self.rows,)).expand(wide))
+    picks = self.indices.reshape(picked_shape + (1,)).expand(wide)
+    one_hot = picks.e(BinaryOps.CMPEQ, self.positions.reshape(ones + (self.rows,)).expand(wide))
     one_hot = one_hot.reshape(wide + (1,) * len(row)).expand(wide + row)
     spread = grad.reshape(picked_shape + (1,) + row).expand(wide + row)
     total = one_hot.e(TernaryOps.WHERE, spread, spread.const_like(0)).r(ReduceOps.SUM, tuple(range(len(picked_shape))))

@@ -349,11 +349,14 @@ class _KernelBuilder:
     # operand) would recompute the op once per reuse: both read a realized buffer instead. Except
     # the per-row value that leads to this kernel's row reduce (softmax's 1/sum): it is computed
     # once per row, in registers
-    row_value = self.fused_reduce is None and self._row_view(st, base) and self.scheduler.reaches(base, self.row_reduce)
-    if not row_value and (st.has_mask or prod(st.shape) > base.size): return self.force_load(base, st)
+    if (st.has_mask or prod(st.shape) > base.size) and not self._row_value(st, base): return self.force_load(base, st)
     srcs = tuple(self.build(s, st) for s in base.srcs)
     if base.op is LoadOps.CONTIGUOUS: return srcs[0]
     return KernelNode(base.op, srcs, base.arg, base.dtype)
+
+  def _row_value(self, st: ShapeTracker, base: LazyBuffer) -> bool:
+    """`base` is a per-row value on the way to this kernel's row reduce, read once per row element."""
+    return self.fused_reduce is None and self._row_view(st, base) and self.scheduler.reaches(base, self.row_reduce)
 
   def _row_view(self, st: ShapeTracker, base: LazyBuffer) -> bool:
     """`st` reads base (shaped like the row reduce's output) once per element of this kernel's rows."""
