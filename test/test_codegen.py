@@ -69,11 +69,11 @@ def test_kernel_names_and_flat_loops(monkeypatch):
   prog = linearize(item.ast, item.name)
   assert item.name == "E_64_64" and prog.name == "E_64_64"
   # contiguous 2-d elementwise merges into one loop of 4096, which threads may split
-  assert [u.arg for u in prog.uops if u.op is UOps.RANGE] == [("gidx0", 4096, True)]
+  assert [u.arg for u in prog.uops if u.op is UOps.RANGE] == [("gidx0", 4096, True, 1)]
   assert prog.parallel == 4096
   (item,) = _items(x.r(ReduceOps.SUM, (1,)))
   assert item.name == "r_64_64"
-  assert [u.arg for u in linearize(item.ast, item.name).uops if u.op is UOps.RANGE] == [("gidx0", 64, True), ("ridx0", 64, False)]
+  assert [u.arg for u in linearize(item.ast, item.name).uops if u.op is UOps.RANGE] == [("gidx0", 64, True, 1), ("ridx0", 64, False, 1)]
 
 
 def test_ir_pretty_and_sources():

@@ -13,11 +13,12 @@ import numpy as np
 import pytest
 from tinychad import Tensor
 from tinychad.codegen import linearize, UOps
-from tinychad.codegen.opt import panel_width
+from tinychad.codegen.opt import REDUCE_UNROLL, panel_width
 from tinychad.dtype import dtypes
 from tinychad.engine.schedule import PACK_MIN_STRIDE_BYTES, create_schedule
 from tinychad.ops import BufferOps
 from tinychad.runtime import threads
+from tinychad.renderer.cstyle import render_c
 from tinychad.runtime.ops_cpu import compile_c
 from tinychad.runtime.threads import MIN_PARALLEL_WORK, chunks
 
@@ -107,10 +108,16 @@ def test_matmul_gets_vector_and_tile(monkeypatch):
   assert program.contract and program.parallel > 1
   # several accumulators: a register tile, not one running sum
   assert sum(1 for u in program.uops if u.op.name == "DEFINE_ACC") >= 4
+  # the reduce loop (the innermost) asks the C compiler to unroll it; the outer loops don't
+  ranges = [u.arg for u in program.uops if u.op is UOps.RANGE]
+  assert ranges[-1][0].startswith("ridx") and ranges[-1][3] == REDUCE_UNROLL > 1
+  assert all(unroll == 1 for *_, unroll in ranges[:-1])
+  assert f"#pragma GCC unroll {REDUCE_UNROLL}\n" in render_c(program)
   monkeypatch.setenv("NOOPT", "1")
   program = linearize(item.ast, item.name)
   assert max(u.vec for u in program.uops) == 1 and not program.contract
   assert sum(1 for u in program.uops if u.op.name == "DEFINE_ACC") == 1
+  assert "#pragma" not in render_c(program)
 
 
 def test_batched_matmul_threads_split_the_batch(monkeypatch):
@@ -181,7 +188,7 @@ def test_strided_operand_is_packed_into_panels(monkeypatch):
   # the register tile's loop runs inside the panel loop: threads split the panels
   program = linearize(matmul.ast, matmul.name)
   ranges = [u.arg for u in program.uops if u.op is UOps.RANGE]
-  assert ranges[0] == ("gidx1", n // p, True) and ranges[1][1] == m // 8 and program.parallel == n // p
+  assert ranges[0][:3] == ("gidx1", n // p, True) and ranges[1][1] == m // 8 and program.parallel == n // p
 
 
 @pytest.mark.parametrize("m,k,n,noopt", [(32, 64, 256, "0"), (1, 64, 4096, "0"), (32, 64, 4096, "1")],

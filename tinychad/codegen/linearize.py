@@ -28,7 +28,8 @@ from tinychad.codegen.opt import LeafAccess, Opts, choose_opts
 class UOps(Enum):
   DEFINE_GLOBAL = auto()  # a kernel argument: arg = (buffer number, writable)
   CONST = auto()          # a literal: arg = value
-  RANGE = auto()          # open a loop: arg = (variable name, extent, parallel); a parallel loop runs [start, end)
+  RANGE = auto()          # open a loop: arg = (variable name, extent, parallel, unroll); a parallel loop runs
+                          # [start, end); unroll > 1 asks the compiler to repeat the body that many times
   ENDRANGE = auto()       # close the loop in srcs[0]
   LOAD = auto()           # srcs = (buffer, index) or (buffer, index, gate); a false gate reads 0
   ALU = auto()            # arg = the op (UnaryOps/BinaryOps/TernaryOps); CAST/BITCAST convert to dtype
@@ -158,8 +159,8 @@ class _Lowerer:
   def const(self, value: Any, dtype: DType) -> UOp:
     return self.emit(UOps.CONST, dtype, (), dtype.np(value).item())
 
-  def open_loop(self, var: Var, extent: int, parallel: bool = False) -> UOp:
-    loop = self.emit(UOps.RANGE, self.idx_dtype, (), (var.name, extent, parallel), cse=False)
+  def open_loop(self, var: Var, extent: int, parallel: bool = False, unroll: int = 1) -> UOp:
+    loop = self.emit(UOps.RANGE, self.idx_dtype, (), (var.name, extent, parallel, unroll), cse=False)
     self.vars[var.name] = loop
     self.scopes.append({})
     return loop
@@ -325,8 +326,11 @@ class _Lowerer:
       self.emit(UOps.STORE, None, (self.globals[0], self.index(index), part), cse=False)
 
   def open_reduce_loops(self) -> list[UOp]:
-    return [self.open_loop(self.loop_vars[d], s // self.opts.upcast.get(d, 1))
-            for d, (s, r) in enumerate(self.dims) if r and s // self.opts.upcast.get(d, 1) != 1]
+    extents = [(d, s // self.opts.upcast.get(d, 1)) for d, (s, r) in enumerate(self.dims) if r]
+    extents = [(d, extent) for d, extent in extents if extent != 1]
+    # the unroll hint goes on the innermost loop, whose body is the one the hint repeats
+    return [self.open_loop(self.loop_vars[d], extent, unroll=self.opts.unroll if i == len(extents) - 1 else 1)
+            for i, (d, extent) in enumerate(extents)]
 
   def lower_reduce(self) -> None:
     op, dtype = self.reduce.op, self.reduce.dtype

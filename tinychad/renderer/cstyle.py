@@ -188,10 +188,12 @@ class CRenderer:
   def line(self, u: UOp) -> str | list[str]:
     n = u.num
     if u.op is UOps.RANGE:
-      name, extent, parallel = u.arg
+      name, extent, parallel, unroll = u.arg
       self.names[id(u)] = name
       lo, hi = ("start", "end") if parallel else ("0", str(extent))
-      return f"for ({u.dtype.c_name} {name} = {lo}; {name} < {hi}; {name}++) {{"
+      loop = f"for ({u.dtype.c_name} {name} = {lo}; {name} < {hi}; {name}++) {{"
+      # gcc and clang both read this pragma; the unrolled copies share the loop's accumulators
+      return [f"#pragma GCC unroll {unroll}", loop] if unroll > 1 else loop
     if u.op is UOps.ENDRANGE: return "}"
     if u.op is UOps.LOAD:
       self.names[id(u)] = f"val{n}"

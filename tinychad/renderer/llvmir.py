@@ -246,7 +246,7 @@ class LLVMRenderer:
 
   def open_loop(self, u: UOp) -> None:
     b, ity = self.b, reg_type(u.dtype)
-    name, extent, parallel = u.arg
+    name, extent, parallel, _ = u.arg
     start, end = self.fn.args[-2:]
     lo, hi = (b.trunc(start, ity), b.trunc(end, ity)) if parallel and ity.width < 64 else (start, end) if parallel else \
       (ir.Constant(ity, 0), ir.Constant(ity, extent))
