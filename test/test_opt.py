@@ -9,11 +9,12 @@ out: pass when every variant matches the NUMPY reference (float sums within tole
      the loop exactly once.
 """
 import ctypes
+import re
 import numpy as np
 import pytest
 from tinychad import Tensor
 from tinychad.codegen import linearize, UOps
-from tinychad.codegen.opt import REDUCE_UNROLL, panel_width
+from tinychad.codegen.opt import REDUCE_UNROLL, panel_width, simd_bytes
 from tinychad.dtype import dtypes
 from tinychad.engine.schedule import PACK_MIN_STRIDE_BYTES, create_schedule
 from tinychad.ops import BufferOps
@@ -45,7 +46,9 @@ def _check(build, *arrays, tol=1e-4):
     else: np.testing.assert_array_equal(got, want, err_msg=device)
 
 
-MATMULS = [(64, 64, 64), (33, 17, 65), (96, 128, 40), (5, 1, 7), (130, 48, 256)]
+# the last four have tiles of 6 rows with a tail tile after them: 4 rows, 1 row, 3 rows, only the tail
+MATMULS = [(64, 64, 64), (33, 17, 65), (96, 128, 40), (5, 1, 7), (130, 48, 256), (1000, 256, 64), (7, 256, 128),
+           (45, 200, 192), (5, 300, 64)]
 
 
 @pytest.mark.parametrize("n,k,m", MATMULS, ids=[f"{n}x{k}x{m}" for n, k, m in MATMULS])
@@ -56,9 +59,10 @@ def test_matmul(mode, n, k, m):
   _check(lambda x, y: x @ y.T, a, np.ascontiguousarray(b.T))
 
 
-@pytest.mark.parametrize("shape,stride,pad", [((2, 3, 12, 12), 1, 0), ((3, 2, 9, 11), 2, 1)])
-def test_conv_forward_backward(mode, shape, stride, pad):
-  x, w = rng.standard_normal(shape, dtype=np.float32), rng.standard_normal((8, shape[1], 3, 3), dtype=np.float32)
+# 64 output channels: 4 vectors of lanes, tiles of 6 positions and a tail
+@pytest.mark.parametrize("shape,stride,pad,cout", [((2, 3, 12, 12), 1, 0, 8), ((3, 2, 9, 11), 2, 1, 8), ((2, 3, 9, 9), 1, 1, 64)])
+def test_conv_forward_backward(mode, shape, stride, pad, cout):
+  x, w = rng.standard_normal(shape, dtype=np.float32), rng.standard_normal((cout, shape[1], 3, 3), dtype=np.float32)
 
   def grads(xt, wt):
     wt.requires_grad = True
@@ -112,7 +116,10 @@ def test_matmul_gets_vector_and_tile(monkeypatch):
   ranges = [u.arg for u in program.uops if u.op is UOps.RANGE]
   assert ranges[-1][0].startswith("ridx") and ranges[-1][3] == REDUCE_UNROLL > 1
   assert all(unroll == 1 for *_, unroll in ranges[:-1])
-  assert f"#pragma GCC unroll {REDUCE_UNROLL}\n" in render_c(program)
+  source = render_c(program)
+  assert f"#pragma GCC unroll {REDUCE_UNROLL}\n" in source
+  # a tile row's second vector is read at a constant step from the first, as a pointer step
+  assert re.search(r"\(const float32x16u\*\)\(data2\+alu\d+\+16\)", source) or simd_bytes() < 64
   monkeypatch.setenv("NOOPT", "1")
   program = linearize(item.ast, item.name)
   assert max(u.vec for u in program.uops) == 1 and not program.contract
@@ -135,18 +142,36 @@ def test_batched_matmul_threads_split_the_batch(monkeypatch):
     else: assert opts.order[0] == opts.vector[0], (dims, opts)
 
 
-def test_short_reduce_gets_a_wider_shallower_tile(monkeypatch):
-  """Attention's q @ k^T reduces over 64: its tile is 4 rows of 4 vectors, a long matmul's 8 of 2."""
+def _matmul_opts(m: int, k: int, n: int):
   from tinychad.codegen.linearize import opt_inputs
-  from tinychad.codegen.opt import SHORT_REDUCE, SHORT_REDUCE_ROW_VECTORS, TILE_ROW_VECTORS, choose_opts, simd_bytes
+  from tinychad.codegen.opt import choose_opts
+  a, b = Tensor.rand(m, k, device="NUMPY"), Tensor.rand(k, n, device="NUMPY")
+  (item,) = [it for it in create_schedule([(a @ b).lazydata]) if it.is_kernel]
+  return item, choose_opts(*opt_inputs(item.ast))
+
+
+def test_register_tile_shapes(monkeypatch):
+  """A long matmul's tile is 6 rows of 4 vectors, with a tail tile where 6 doesn't divide the rows;
+  attention's q @ k^T (a reduce over 64) gets 4 rows of 4 vectors, and 2 vectors of lanes 8 rows."""
+  from tinychad.codegen.opt import NARROW_ROW_VECTORS, SHORT_REDUCE, TILE_ROW_VECTORS, TILE_ROWS, simd_bytes
   monkeypatch.setenv("NOOPT", "0")
   lanes = simd_bytes() // 4
-  for k, row_vectors in ((64, SHORT_REDUCE_ROW_VECTORS), (SHORT_REDUCE * 2, TILE_ROW_VECTORS)):
-    a, b = Tensor.rand(128, k, device="NUMPY"), Tensor.rand(k, 128, device="NUMPY")
-    (item,) = [it for it in create_schedule([(a @ b).lazydata]) if it.is_kernel]
-    opts = choose_opts(*opt_inputs(item.ast))
+  for k, n, row_vectors, rows in ((64, 128, TILE_ROW_VECTORS, 4), (SHORT_REDUCE * 2, 128, TILE_ROW_VECTORS, TILE_ROWS),
+                                  (SHORT_REDUCE * 2, 2 * lanes, NARROW_ROW_VECTORS, 8)):
+    _, opts = _matmul_opts(128, k, n)
     axis, width = opts.vector
-    assert width == lanes and opts.upcast[axis] == row_vectors * lanes, (k, opts)
+    (row_axis,) = [d for d in opts.upcast if d != axis]
+    assert width == lanes and opts.upcast[axis] == row_vectors * lanes and opts.upcast[row_axis] == rows, (k, opts)
+  # 100 rows: 16 tiles of 6 in the loop inside the one over 2 panels of columns (which threads split),
+  # then one tile of the last 4 rows (24 + 4 * 4 accumulators)
+  item, opts = _matmul_opts(100, 256, 2 * TILE_ROW_VECTORS * lanes)
+  program = linearize(item.ast, item.name, opts)
+  assert [u.arg[1] for u in program.uops if u.op is UOps.RANGE and u.arg[0].startswith("gidx")] == [2, 100 // TILE_ROWS]
+  assert sum(1 for u in program.uops if u.op is UOps.DEFINE_ACC) == 6 * 4 + 4 * 4
+  # with no loop outside it (one panel), a tail would run once per thread: 4 rows divide 100 instead
+  _, opts = _matmul_opts(100, 256, TILE_ROW_VECTORS * lanes)
+  (rows,) = [amount for d, amount in opts.upcast.items() if d != opts.vector[0]]
+  assert rows == 4
 
 
 @pytest.mark.parametrize("extent,parts", [(10, 3), (2, 2), (7, 1), (100, 8)])
@@ -188,7 +213,7 @@ def test_strided_operand_is_packed_into_panels(monkeypatch):
   # the register tile's loop runs inside the panel loop: threads split the panels
   program = linearize(matmul.ast, matmul.name)
   ranges = [u.arg for u in program.uops if u.op is UOps.RANGE]
-  assert ranges[0][:3] == ("gidx1", n // p, True) and ranges[1][1] == m // 8 and program.parallel == n // p
+  assert ranges[0][:3] == ("gidx1", n // p, True) and ranges[1][1] == m // 4 and program.parallel == n // p   # 4-row tiles
 
 
 @pytest.mark.parametrize("m,k,n,noopt", [(32, 64, 256, "0"), (1, 64, 4096, "0"), (32, 64, 4096, "1")],

@@ -13,6 +13,8 @@ form SIMD values (`vec` > 1); a caller may pass its own Opts instead (the BEAM s
 stays scalar (broadcast by its users), consecutive elements become one vector load, and anything
 else loads each lane and gathers them (VECTORIZE), so every view pattern stays correct.
 The first non-reduce loop is `parallel`: the function takes its [start, end) as two more int64 args.
+A tile whose rows don't divide their axis (opt.py's tail) is followed by one more tile of the rows
+left over: the loops inside it are lowered twice, the second time with that axis's index fixed.
 """
 from __future__ import annotations
 from dataclasses import dataclass, field
@@ -144,6 +146,7 @@ class _Lowerer:
     # one CSE table per open loop: a value made inside a loop can't be used after it closes
     self.scopes: list[dict] = [{}]
     self.reduce = next((n for n in ast.walk() if isinstance(n.op, ReduceOps)), None)
+    self.tail: dict[int, int] = {}     # axis -> lanes of its tail tile, while the tail is lowered
 
   # -- emission with common-subexpression elimination --
   def emit(self, op: UOps, dtype: DType | None, srcs: tuple[UOp, ...] = (), arg: Any = None, cse: bool = True, vec: int = 1) -> UOp:
@@ -189,7 +192,7 @@ class _Lowerer:
 
   # -- symbolic index of a leaf at one lane --
   def leaf_expr(self, node: KernelNode, lane: Lane) -> tuple[Node, Node | None]:
-    key = (id(node), lane)
+    key = (id(node), lane, tuple(self.tail.items()))
     if key not in self.expr_cache:
       st, view = node.arg[1], self.views[id(node)]
       if _all_invalid(st): self.expr_cache[key] = (Num(0), Num(0))
@@ -225,7 +228,8 @@ class _Lowerer:
 
   def dim_index(self, d: int, offset: int) -> Node:
     amount = self.opts.upcast.get(d, 1)
-    if amount == self.dims[d][0]: return Num(offset)          # fully unrolled: no loop
+    if d in self.tail: return Num(self.dims[d][0] // amount * amount + offset)
+    if self.dims[d][0] < 2 * amount: return Num(offset)       # one tile (fully unrolled): no loop
     return self.loop_vars[d] * amount + offset if amount > 1 else self.loop_vars[d]
 
   def vector_lanes(self, lane: Lane) -> list[Lane]:
@@ -239,6 +243,7 @@ class _Lowerer:
     out = [tuple(0 for _ in self.dims)]
     for d, amount in self.opts.upcast.items():
       if self.dims[d][1] != reduce: continue
+      amount = self.tail.get(d, amount)
       step = self.opts.vector[1] if self.opts.vector is not None and self.opts.vector[0] == d else 1
       out = [ln[:d] + (off,) + ln[d + 1:] for ln in out for off in range(0, amount, step)]
     return out
@@ -291,12 +296,40 @@ class _Lowerer:
     self.globals = [self.emit(UOps.DEFINE_GLOBAL, bufs[i], (), (i, i == 0), cse=False) for i in sorted(bufs)]
 
     # loops: the non-reduce ones in the chosen order (the first is split across threads), then the reduce
-    outer, parallel = [], 0
-    for d in self.opts.order:
-      extent = self.dims[d][0] // self.opts.upcast.get(d, 1)
-      if extent == 1: continue
-      outer.append(self.open_loop(self.loop_vars[d], extent, parallel=not outer))
-      if len(outer) == 1: parallel = extent
+    self.parallel = 0
+    self.nest(list(self.opts.order))
+    contract = self.reduce is not None and self.reduce.op is ReduceOps.SUM and self.reduce.dtype.is_float and bool(self.opts.upcast)
+    # fused multiply-adds change a recomputed value's last bit: a kernel that tests float equality (a
+    # max's gradient asks which inputs equal the max another kernel computed) must round as they did
+    if any(n.op in (BinaryOps.CMPEQ, BinaryOps.CMPNE) and n.srcs[0].dtype.is_float for n in self.ast.walk()): contract = False
+    return Program(self.name, self.uops, self.globals, self.parallel, contract)
+
+  def nest(self, order: list[int]) -> None:
+    """The loops over the non-reduce axes in `order`, outermost first, around the kernel's body. An
+    axis whose unroll doesn't divide it (opt.py's tail) runs its whole tiles in the loop, then one
+    more tile of the leftover lanes after it, with the loop variable fixed at the loop's end."""
+    if not order:
+      self.body()
+      return
+    d, rest = order[0], order[1:]
+    amount, size = self.opts.upcast.get(d, 1), self.dims[d][0]
+    extent, leftover = size // amount, size % amount
+    # the tail runs after its axis's loop, once per call: a call that threads split must be inside a loop
+    if leftover and not self.parallel: raise ValueError(f"{self.name}: axis {d} has a tail outside the loop threads split")
+    if extent > 1:
+      loop = self.open_loop(self.loop_vars[d], extent, parallel=not self.parallel)
+      if not self.parallel: self.parallel = extent
+      self.nest(rest)
+      self.close_loop(loop)
+    elif extent == 1: self.nest(rest)
+    if leftover:
+      self.tail[d] = leftover
+      self.nest(rest)
+      del self.tail[d]
+
+  def body(self) -> None:
+    """The reduce (if any) and the stores of every lane, inside the non-reduce loops."""
+    store = self.ast
     self.acc: dict[Lane, UOp] = {}
     if self.reduce is not None: self.lower_reduce()
     if self.row_pass:
@@ -306,12 +339,6 @@ class _Lowerer:
       for loop in reversed(opened): self.close_loop(loop)
     else:
       for lane in self.lanes(reduce=False): self.store(store, lane)
-    for loop in reversed(outer): self.close_loop(loop)
-    contract = self.reduce is not None and self.reduce.op is ReduceOps.SUM and self.reduce.dtype.is_float and bool(self.opts.upcast)
-    # fused multiply-adds change a recomputed value's last bit: a kernel that tests float equality (a
-    # max's gradient asks which inputs equal the max another kernel computed) must round as they did
-    if any(n.op in (BinaryOps.CMPEQ, BinaryOps.CMPNE) and n.srcs[0].dtype.is_float for n in self.ast.walk()): contract = False
-    return Program(self.name, self.uops, self.globals, parallel, contract)
 
   def store(self, store: KernelNode, lane: Lane) -> None:
     value = self.value(store.srcs[0], lane)

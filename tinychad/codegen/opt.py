@@ -7,15 +7,19 @@ in: the kernel's simplified dims ((size, is_reduce) per axis), one LeafAccess pe
 out: an Opts: `upcast[d]` lanes per axis (the loop over d then steps by that many, the lanes are
      unrolled), `vector` = (axis, width) whose lanes are one SIMD value, and `order`, the order of
      the non-reduce loops (the first one is what threads split).
-The heuristics, in order (every choice needs the axis size to divide evenly, so no remainder loops):
+The heuristics, in order (every choice divides its axis, except a register tile's rows: see "tail"):
   - vector axis: an axis along which every load reads either one element (stride 0) or consecutive
     elements (stride 1) and, when it is not a reduce axis, the store writes consecutive elements;
     a non-reduce axis wins over a reduce axis (no horizontal sum at the end); the full SIMD width
     first, then half and a quarter of it;
   - register tile (kernels with a reduce): a non-reduce axis along which a load is reused (stride 0)
     is unrolled, so each loaded value feeds several accumulators: the matmul micro-kernel, found
-    from strides alone, so convolutions and their gradients get it too; TILE_ROW_VECTORS vectors
-    wide, or SHORT_REDUCE_ROW_VECTORS for a reduce of at most SHORT_REDUCE elements;
+    from strides alone, so convolutions and their gradients get it too; TILE_ROWS rows of
+    TILE_ROW_VECTORS vectors (6x64 floats with AVX-512), 4 rows for a reduce of at most SHORT_REDUCE
+    elements, 8 rows of NARROW_ROW_VECTORS where 4 vectors don't divide the vector axis;
+  - tail: a tile's rows need not divide their axis. The loop runs the whole tiles, then one tile of
+    the leftover rows follows it (codegen/linearize.py). Only one axis, never the vector axis, and
+    only inside another loop (`tails_are_valid`): the outermost loop is the one threads split;
   - more accumulators: a reduce with no register tile keeps several vector partial sums (latency);
   - the reduce loop's body is unrolled REDUCE_UNROLL times (same accumulators, fewer loop steps);
   - loop order: with a register tile and a non-reduce vector axis, the vector axis's loop goes
@@ -43,18 +47,18 @@ VECTOR_DTYPES = {dtypes.float32, dtypes.float64, dtypes.int32, dtypes.int64, dty
 SCALAR_ONLY_OPS = {UnaryOps.BITCAST}
 MIN_VECTOR_WIDTH = 4          # narrower vectors aren't worth their shuffles
 MIN_REDUCE_FOR_TILE = 16       # shorter reductions are not worth a register tile
-TILE_AMOUNTS = (8, 6, 4, 3, 2)       # register-tile unroll per reuse axis, first that divides wins
-# vector accumulators a tile may hold. AVX-512 has 32 registers, but on this Zen 5 a 12x32 fp32 tile
-# (24 accumulators) ran slower than 8x32 (157 vs 171 GFLOP/s, 2048, one thread, packed B): its 12
-# rows of A, a power of two apart, fall in one L1 set. 6x64 was faster (201), but 6 divides no
-# power-of-two size and there are no remainder loops.
+TILE_AMOUNTS = (8, 6, 4, 3, 2)       # register-tile unroll per reuse axis, the first that fits wins
+# vector accumulators a tile may hold, unless it is TILE_ROWS x TILE_ROW_VECTORS. 12x32 (24 accumulators)
+# runs no faster than 8x32: its 12 rows of A, a power of two apart, share L1 sets. 6x64 is 7-10%
+# faster than 8x32 at 512-2048 on one core of this Xeon (C harness, packed B: 8x32 161-168 GFLOP/s,
+# 6x64 176-198), and 8x48 faster still (186), but 48 divides no power-of-two width
 MAX_TILE_ACCUMULATORS = 16
-TILE_ROW_VECTORS = 2           # SIMD vectors along a non-reduce vector axis in a register tile
+TILE_ROW_VECTORS = 4           # SIMD vectors along a non-reduce vector axis in a register tile
+TILE_ROWS = 6                  # its rows: 24 accumulators, the 4 row vectors and a broadcast fit 32 registers
+NARROW_ROW_VECTORS = 2         # when 4 vectors don't divide the vector axis (8 rows of them)
 # a short reduce (attention's q@k^T over 64, weights@v over 128) runs its tile for few steps: a
-# wider, shallower tile (4x64 instead of 8x32, as BEAM found) sweeps fewer rows of A per panel of B.
-# Attention 1.6 -> 1.25 ms, GPT forward ~5% faster; the 256+ reduces of the big matmuls lost with it
+# shallower tile (4x64, as BEAM found) sweeps fewer rows of A per panel of B. Attention 1.6 -> 1.25 ms
 SHORT_REDUCE = 128
-SHORT_REDUCE_ROW_VECTORS = 4
 REDUCE_ACCUMULATORS = 4        # vector partial sums of a reduce along the vector axis, without a tile
 # copies of the reduce loop's body per iteration (a hint to the C compiler): the loop's counter and
 # index arithmetic then cost a quarter as much per multiply-add. An 8x32 matmul tile 68% -> 74% of one
@@ -214,15 +218,28 @@ def _heuristic_vector(dims: Dims, leaves: list[LeafAccess], dtypes_used: set[DTy
   return None
 
 
-def _heuristic_tile(dims: Dims, leaves: list[LeafAccess], vec: int | None, budget: int) -> dict[int, int]:
-  """Up to two reuse axes, each unrolled by the first TILE_AMOUNT that divides it and fits the
-  accumulators left in the budget."""
+def _heuristic_tile(dims: Dims, leaves: list[LeafAccess], vec: int | None, budget: int, tails: bool) -> dict[int, int]:
+  """Up to two reuse axes, each unrolled by the first TILE_AMOUNT that fits the accumulators left in
+  the budget and divides it (or, with `tails`, is no longer than it: the rest is a tail tile)."""
   tile = {}
   for d in _reuse_axes(dims, leaves, vec)[:2]:
-    amount = next((a for a in TILE_AMOUNTS if dims[d][0] % a == 0 and a <= budget), None)
+    size = dims[d][0]
+    amount = next((a for a in TILE_AMOUNTS if a <= min(budget, size) and (tails or size % a == 0)), None)
     if amount is None: continue
     tile[d], budget = amount, budget // amount
   return tile
+
+
+def tails_are_valid(dims: Dims, opts: Opts) -> bool:
+  """At most one axis has a tail (an unroll that doesn't divide it), and it is a non-reduce axis
+  without vector lanes whose loop runs inside another loop: the tail tile runs once per pass of the
+  loops around it, and the outermost loop is the one threads split."""
+  tails = [d for d, amount in opts.upcast.items() if dims[d][0] % amount]
+  if not tails: return True
+  (d,) = tails if len(tails) == 1 else (None,)
+  if d is None or dims[d][1] or (opts.vector is not None and opts.vector[0] == d) or d not in opts.order: return False
+  before = opts.order[:opts.order.index(d)]
+  return any(dims[a][0] // opts.upcast.get(a, 1) > 1 for a in before)
 
 
 def _complete(dims: Dims, leaves: list[LeafAccess], vector: Vector) -> Opts:
@@ -230,12 +247,17 @@ def _complete(dims: Dims, leaves: list[LeafAccess], vector: Vector) -> Opts:
   if not _wants_tile(dims): return _build_opts(dims, leaves, vector)
   # without a vector axis the tile is scalar accumulators, which still share every load they can
   vec_is_reduce = vector is not None and dims[vector[0]][1]
-  count = TILE_ROW_VECTORS if not vec_is_reduce and _vector_fits(dims, vector, TILE_ROW_VECTORS) else 1
-  if count == TILE_ROW_VECTORS and _reduce_size(dims) <= SHORT_REDUCE and _vector_fits(dims, vector, SHORT_REDUCE_ROW_VECTORS):
-    count = SHORT_REDUCE_ROW_VECTORS
-  tile = _heuristic_tile(dims, leaves, vector[0] if vector is not None else None, MAX_TILE_ACCUMULATORS // count)
-  if not tile and vec_is_reduce and _vector_fits(dims, vector, REDUCE_ACCUMULATORS): count = REDUCE_ACCUMULATORS
+  count = 1 if vec_is_reduce else next((c for c in (TILE_ROW_VECTORS, NARROW_ROW_VECTORS) if _vector_fits(dims, vector, c)), 1)
+  short = _reduce_size(dims) <= SHORT_REDUCE
+  budget = TILE_ROWS if count == TILE_ROW_VECTORS and not short else MAX_TILE_ACCUMULATORS // count
+  vec = vector[0] if vector is not None else None
+  tile = _heuristic_tile(dims, leaves, vec, budget, tails=True)
   opts = _build_opts(dims, leaves, vector, count, tile)
+  if not tails_are_valid(dims, opts):
+    tile = _heuristic_tile(dims, leaves, vec, budget, tails=False)
+    opts = _build_opts(dims, leaves, vector, count, tile)
+  if not tile and vec_is_reduce and _vector_fits(dims, vector, REDUCE_ACCUMULATORS):
+    opts = _build_opts(dims, leaves, vector, REDUCE_ACCUMULATORS)
   opts.unroll = REDUCE_UNROLL
   return opts
 

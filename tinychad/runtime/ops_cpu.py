@@ -15,6 +15,9 @@ gcc (12 here) also gets
   -fno-tree-loop-vectorize  its loop vectorizer miscompiles a float sum over a reversed row (a flip:
                       it read x[2r] twice and never x[2r+1]); kernels are SIMD through C vector
                       types already, so nothing is lost where it matters
+  --param=max-unrolled-insns=2000 --param=max-average-unrolled-insns=2000  the size limits of gcc's
+                      unroller (200 and 80) silently skip a `#pragma GCC unroll` on a 6x64 matmul
+                      tile's loop; only loops with the pragma are unrolled at -O2, so only they see it
   -mno-avx512fp16 -fexcess-precision=standard, for kernels with `_Float16`: its AVX512-FP16 code for
                       a select feeding a store is an instruction the assembler rejects (a zero-masked
                       vmovsh store); without it each half op computes in float and rounds to half on
@@ -44,7 +47,7 @@ class CompileError(RuntimeError):
   """A kernel's C source did not compile; the message names the kernel and has the compiler output."""
 
 
-GCC_FLAGS = ["-fno-tree-loop-vectorize"]
+GCC_FLAGS = ["-fno-tree-loop-vectorize", "--param=max-unrolled-insns=2000", "--param=max-average-unrolled-insns=2000"]
 GCC_HALF_FLAGS = ["-mno-avx512fp16", "-fexcess-precision=standard"]
 
 
