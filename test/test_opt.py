@@ -20,6 +20,7 @@ from tinychad.engine.schedule import PACK_MIN_STRIDE_BYTES, create_schedule
 from tinychad.ops import BufferOps
 from tinychad.runtime import threads
 from tinychad.renderer.cstyle import render_c
+from tinychad.renderer.llvmir import render_llvm
 from tinychad.runtime.ops_cpu import compile_c
 from tinychad.runtime.threads import MIN_PARALLEL_WORK, chunks
 
@@ -120,6 +121,9 @@ def test_matmul_gets_vector_and_tile(monkeypatch):
   assert f"#pragma GCC unroll {REDUCE_UNROLL}\n" in source
   # a tile row's second vector is read at a constant step from the first, as a pointer step
   assert re.search(r"\(const float32x16u\*\)\(data2\+alu\d+\+16\)", source) or simd_bytes() < 64
+  # LLVM: each SIMD accumulator is one vector (one phi once promoted), not a scalar per lane
+  width = max(u.vec for u in program.uops if u.op is UOps.DEFINE_ACC)
+  assert f"alloca <{width} x float>" in render_llvm(program)
   monkeypatch.setenv("NOOPT", "1")
   program = linearize(item.ast, item.name)
   assert max(u.vec for u in program.uops) == 1 and not program.contract
