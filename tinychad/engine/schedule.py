@@ -429,6 +429,9 @@ def realize(outs: list[LazyBuffer]) -> None:
   if getenv("GRAPH", 0):
     from tinychad.viz import save_graphs
     for path in save_graphs(outs, items): print(f"graph: {path}")
+  if getenv("PORT", 0):
+    from tinychad.export import write_port
+    write_port(outs, items)
   run_schedule(items)
 
 

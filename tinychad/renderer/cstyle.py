@@ -236,7 +236,8 @@ class CRenderer:
       return f"{u.dtype.c_name} alu{n} = {self.alu(u, [self.ref(x) for x in u.srcs])};"
     raise NotImplementedError(f"C renderer has no rule for {u.op}")
 
-  def render(self) -> str:
+  def render_function(self) -> str:
+    """The kernel's function alone; rendering it fills in the typedefs and helpers it needs."""
     params = []
     for g in self.program.globals:
       number, writable = g.arg
@@ -251,7 +252,11 @@ class CRenderer:
       if u.op is UOps.RANGE: depth += 1
     params += ["long long start", "long long end"]
     head = f"void {self.program.name}({', '.join(params)}) {{"
-    return "\n".join(["#include <math.h>", *self.typedefs.values(), *self.helpers.values(), head] + body + ["}", ""])
+    return "\n".join([head] + body + ["}"])
+
+  def render(self) -> str:
+    function = self.render_function()
+    return "\n".join(["#include <math.h>", *self.typedefs.values(), *self.helpers.values(), function, ""])
 
 
 _INFIX = {
