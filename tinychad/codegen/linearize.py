@@ -229,7 +229,7 @@ class _Lowerer:
   def dim_index(self, d: int, offset: int) -> Node:
     amount = self.opts.upcast.get(d, 1)
     if d in self.tail: return Num(self.dims[d][0] // amount * amount + offset)
-    if self.dims[d][0] < 2 * amount: return Num(offset)       # one tile (fully unrolled): no loop
+    if self.dims[d][0] < 2 * amount: return Num(offset)       # at most one whole tile: no loop
     return self.loop_vars[d] * amount + offset if amount > 1 else self.loop_vars[d]
 
   def vector_lanes(self, lane: Lane) -> list[Lane]:

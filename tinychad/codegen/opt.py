@@ -236,8 +236,9 @@ def tails_are_valid(dims: Dims, opts: Opts) -> bool:
   loops around it, and the outermost loop is the one threads split."""
   tails = [d for d, amount in opts.upcast.items() if dims[d][0] % amount]
   if not tails: return True
-  (d,) = tails if len(tails) == 1 else (None,)
-  if d is None or dims[d][1] or (opts.vector is not None and opts.vector[0] == d) or d not in opts.order: return False
+  if len(tails) > 1: return False
+  d = tails[0]
+  if dims[d][1] or (opts.vector is not None and opts.vector[0] == d) or d not in opts.order: return False
   before = opts.order[:opts.order.index(d)]
   return any(dims[a][0] // opts.upcast.get(a, 1) > 1 for a in before)
 

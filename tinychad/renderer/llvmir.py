@@ -4,8 +4,9 @@ in: a Program (codegen/linearize.py)
 out: an LLVM module (text) with one function `void @<name>(ptr noalias %data0, ..., i64 %start, i64 %end)`;
      [start, end) is the range of the program's parallel loop.
 Loops are header/body/exit blocks with a phi for the counter; accumulators live in allocas that
-the optimizer promotes to registers (a float SIMD accumulator in one vector alloca). bool is i8 in memory and i1 in registers. Semantics match the C
-renderer: guarded integer division, NaN-propagating max, per-op float16 rounding (LLVM's half).
+the optimizer promotes to registers (a float SIMD accumulator in one vector alloca). bool is i8 in
+memory and i1 in registers. Semantics match the C renderer: guarded integer division, NaN-propagating
+max, per-op float16 rounding (LLVM's half).
 A SIMD value (vec > 1) is rendered as a list of scalars, one per lane: every op then has exactly its
 scalar meaning, and LLVM's SLP vectorizer packs the lanes back into vector instructions. Programs
 marked `contract` get the `contract` flag on fadd/fmul, so LLVM may form FMAs.
@@ -126,7 +127,7 @@ class LLVMRenderer:
     """A scalar's value, or a SIMD value's list of lanes."""
     if u.op is UOps.CONST: return const(u.arg, u.dtype)
     if u.op is UOps.DEFINE_ACC and _simd(u):
-      whole = self.b.load(self.values[id(u)], typ=ir.VectorType(reg_type(u.dtype), u.vec))
+      whole = self.accumulator_value(u)
       return [self.b.extract_element(whole, ir.Constant(ir.IntType(32), i)) for i in range(u.vec)]
     if u.op is UOps.DEFINE_ACC:
       lanes = [self.b.load(slot, typ=reg_type(u.dtype)) for slot in self.values[id(u)]]
@@ -277,7 +278,7 @@ class LLVMRenderer:
   def packed(self, u: UOp) -> ir.Value:
     """u as one LLVM vector of `vec` lanes (a scalar is splatted)."""
     if id(u) in self.vectors: return self.vectors[id(u)]
-    if u.op is UOps.DEFINE_ACC and _simd(u): return self.b.load(self.values[id(u)], typ=ir.VectorType(reg_type(u.dtype), u.vec))
+    if u.op is UOps.DEFINE_ACC and _simd(u): return self.accumulator_value(u)
     lanes = [self.lane(u, i) for i in range(self.width)]
     vec = ir.Constant(ir.VectorType(reg_type(u.dtype), self.width), ir.Undefined)
     for i, x in enumerate(lanes): vec = self.b.insert_element(vec, x, ir.Constant(ir.IntType(32), i))
@@ -294,6 +295,10 @@ class LLVMRenderer:
       slot = self.b.alloca(vtype, name=f"acc{u.num}")
     self.values[id(u)] = slot
     self.b.store(ir.Constant(vtype, [const(u.arg, u.dtype)] * u.vec), slot)
+
+  def accumulator_value(self, u: UOp) -> ir.Value:
+    """The current value of a vector accumulator (read fresh: an ASSIGN may have changed it)."""
+    return self.b.load(self.values[id(u)], typ=ir.VectorType(reg_type(u.dtype), u.vec))
 
   def unpack(self, u: UOp, vec: ir.Value) -> None:
     self.vectors[id(u)] = vec
