@@ -103,7 +103,8 @@ def export_source(outputs: list[LazyBuffer], items: list[ScheduleItem], inputs: 
   examples = [_array(f"example{i}", x.realized.as_numpy(), x.dtype, const=True) for i, x in enumerate(inputs)]
   main = ["#ifndef TINYCHAD_NO_MAIN", *examples]
   main += [f"static {x.dtype.c_name} result{i}[{max(x.size, 1)}];" for i, x in enumerate(bases)]
-  main += ["int main(void) {", f"  tinychad_forward({', '.join([f'example{i}' for i in range(len(inputs))] + [f'result{i}' for i in range(len(bases))])});"]
+  args = [f"example{i}" for i in range(len(inputs))] + [f"result{i}" for i in range(len(bases))]
+  main += ["int main(void) {", f"  tinychad_forward({', '.join(args)});"]
   main += [f"  for (long long i = 0; i < {x.size}; i++) {_print_line(f'result{i}', x.dtype)}" for i, x in enumerate(bases)]
   main += ["  return 0;", "}", "#endif"]
   head = ["/* exported by tinychad: every kernel of one realize, its data, and the function running them */",

@@ -248,7 +248,8 @@ def _complete(dims: Dims, leaves: list[LeafAccess], vector: Vector) -> Opts:
   if not _wants_tile(dims): return _build_opts(dims, leaves, vector)
   # without a vector axis the tile is scalar accumulators, which still share every load they can
   vec_is_reduce = vector is not None and dims[vector[0]][1]
-  count = 1 if vec_is_reduce else next((c for c in (TILE_ROW_VECTORS, NARROW_ROW_VECTORS) if _vector_fits(dims, vector, c)), 1)
+  fitting = [c for c in (TILE_ROW_VECTORS, NARROW_ROW_VECTORS) if _vector_fits(dims, vector, c)]
+  count = 1 if vec_is_reduce or not fitting else fitting[0]
   short = _reduce_size(dims) <= SHORT_REDUCE
   budget = TILE_ROWS if count == TILE_ROW_VECTORS and not short else MAX_TILE_ACCUMULATORS // count
   vec = vector[0] if vector is not None else None
