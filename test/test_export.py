@@ -91,3 +91,15 @@ print(" ".join(repr(float(v)) for v in out.numpy().reshape(-1)))
   computed = np.array(result.stdout.splitlines()[-1].split(), dtype=np.float32)
   printed = _build(path.read_text(), tmp_path)
   np.testing.assert_allclose(np.array(printed.split(), dtype=np.float32), computed, rtol=1e-5, atol=1e-5)
+
+
+def test_embedded_data_keeps_special_values_exactly(tmp_path):
+  # NaN, -inf, -0, a denormal, the int64 extremes and bools read back as the same values
+  f = Tensor(np.array([np.nan, -np.inf, 0.1, -0.0, 3e-45], dtype=np.float32))
+  i = Tensor(np.array([-2 ** 63, 5, 2 ** 63 - 1], dtype=np.int64))
+  b = Tensor(np.array([True, False]))
+  outs = [f * 1, i + 0, b.logical_not()]
+  printed = _build(export_c(outs), tmp_path).split()
+  np.testing.assert_array_equal(np.array(printed[:5], dtype=np.float32), outs[0].numpy())
+  assert [int(v) for v in printed[5:8]] == outs[1].numpy().tolist()
+  assert [int(v) for v in printed[8:]] == outs[2].numpy().astype(int).tolist()

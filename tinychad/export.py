@@ -12,34 +12,23 @@ tinychad_port.c): the seed's PORT=1 wrote its LLVM module to a file the same way
 """
 from __future__ import annotations
 import dataclasses
-import math
 import os
 from pathlib import Path
 import numpy as np
 from tinychad.codegen import lower_item
-from tinychad.dtype import DType, dtypes
+from tinychad.dtype import DType
 from tinychad.engine.schedule import ScheduleItem, create_schedule
 from tinychad.lazy import LazyBuffer
 from tinychad.ops import LoadOps
-from tinychad.renderer.cstyle import CRenderer
+from tinychad.renderer.cstyle import CRenderer, render_const
 from tinychad.runtime.cache import atomic_write
 
 VALUES_PER_LINE = 8
 
 
-def _literal(value, dtype: DType) -> str:
-  """One element as a C literal that reads back exactly."""
-  if dtype == dtypes.bool: return "1" if value else "0"
-  if not dtype.is_float: return str(int(value))
-  value = float(value)
-  if math.isnan(value): return "NAN"
-  if math.isinf(value): return "INFINITY" if value > 0 else "-INFINITY"
-  # a double's shortest repr rounds back to the same float32 or float16 value
-  return repr(value)
-
-
 def _array(name: str, data: np.ndarray, dtype: DType, const: bool) -> str:
-  values = [_literal(v, dtype) for v in data.reshape(-1).tolist()] or ["0"]
+  # the kernels' own literals: exact in the dtype, NaN and inf included
+  values = [render_const(v, dtype) for v in data.reshape(-1).tolist()] or ["0"]
   rows = [", ".join(values[i:i + VALUES_PER_LINE]) for i in range(0, len(values), VALUES_PER_LINE)]
   body = ",\n  ".join(rows)
   return f"static {'const ' if const else ''}{dtype.c_name} {name}[{len(values)}] = {{\n  {body}\n}};"
