@@ -18,9 +18,12 @@ class DType:
 
   def __repr__(self) -> str: return f"dtypes.{self.name}"
 
-  # every kernel-cache and interning key holds dtypes: hashing the name alone (unique per dtype, and
-  # equal dtypes have equal names) skips rebuilding a tuple of six fields on each lookup
-  def __hash__(self) -> int: return hash(self.name)
+  # Each dtype is one object (the `dtypes` attributes below; copies and pickles come back as that
+  # object), so identity is equality. Every op compares dtypes and every interning and cache key
+  # hashes them: the C-level object hash and `is` instead of comparing six fields.
+  __hash__ = object.__hash__
+  def __eq__(self, other) -> bool: return self is other
+  def __reduce__(self): return (getattr, (dtypes, self.name))
 
   @property
   def is_float(self) -> bool: return self.category == 2

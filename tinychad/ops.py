@@ -88,7 +88,7 @@ class KernelNode:
   """One node of a kernel tree: loads and consts at the leaves, ALU ops and at most one reduce
   inside, a STORE at the root. Nodes are interned: building an equal tree gives the very same
   objects, so trees compare and hash by identity, and equal kernels share one compile."""
-  __slots__ = ("op", "srcs", "arg", "dtype", "_hash", "__weakref__")
+  __slots__ = ("op", "srcs", "arg", "dtype", "_below", "__weakref__")
   _interned: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
   def __new__(cls, op: Op, srcs: tuple[KernelNode, ...] = (), arg: Any = None, dtype: Any = None):
@@ -100,24 +100,28 @@ class KernelNode:
     node = ref() if ref is not None else None
     if node is None:
       node = object.__new__(cls)
-      node.op, node.srcs, node.arg, node.dtype, node._hash = op, srcs, arg, dtype, hash(key)
+      node.op, node.srcs, node.arg, node.dtype, node._below = op, srcs, arg, dtype, None
       cls._interned[key] = node
     return node
 
-  def __hash__(self) -> int: return self._hash
+  # interned, so identity is equality: the C-level object hash, not a Python call, in every key
+  __hash__ = object.__hash__
 
   def __repr__(self) -> str: return f"KernelNode({self.op.name}, {len(self.srcs)} srcs, {self.arg!r}, {self.dtype!r})"
 
-  def walk(self):
-    """Every node once, sources before users."""
-    seen, order = set(), []
-    def visit(node):
-      if id(node) in seen: return
-      seen.add(id(node))
-      for s in node.srcs: visit(s)
-      order.append(node)
-    visit(self)
-    return order
+  def walk(self) -> tuple[KernelNode, ...]:
+    """Every node once, sources before users (self last). A tree never changes, so its order is worked
+    out once per node; it is kept without self, which would be a reference cycle."""
+    if self._below is None:
+      seen, order = set(), []
+      def visit(node):
+        if id(node) in seen: return
+        seen.add(id(node))
+        for s in node.srcs: visit(s)
+        order.append(node)
+      for src in self.srcs: visit(src)
+      self._below = tuple(order)
+    return self._below + (self,)
 
   def pretty(self) -> str:
     """The tree, one node per line with its sources indented below. A node read by several others

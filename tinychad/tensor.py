@@ -299,23 +299,30 @@ class Tensor:
   # ---- movement ----
   def reshape(self, *shape) -> Tensor:
     shape = argfix(*shape)
-    if sum(1 for s in shape if s == -1) > 1: raise ValueError(f"reshape: only one dimension can be -1, got {_shape_str(shape)}")
-    if any((not isinstance(s, (int, np.integer))) or s < -1 for s in shape): raise ValueError(f"reshape: invalid shape {_shape_str(shape)}")
-    known = prod(s for s in shape if s != -1)
-    if -1 in shape:
-      if known == 0 or self.numel() % known: raise ValueError(f"reshape: shape {_shape_str(shape)} is invalid for input of size {self.numel()} (shape {_shape_str(self.shape)})")
-      shape = tuple(self.numel() // known if s == -1 else s for s in shape)
-    if prod(shape) != self.numel(): raise ValueError(f"reshape: shape {_shape_str(shape)} is invalid for input of size {self.numel()} (shape {_shape_str(self.shape)})")
-    shape = tuple(int(s) for s in shape)
+    if shape == self.shape: return self
+    # one pass over the sizes: this runs for nearly every op a model records
+    known, wildcard = 1, None
+    for axis, size in enumerate(shape):
+      if not isinstance(size, (int, np.integer)) or size < -1: raise ValueError(f"reshape: invalid shape {_shape_str(shape)}")
+      if size != -1: known *= size
+      elif wildcard is None: wildcard = axis
+      else: raise ValueError(f"reshape: only one dimension can be -1, got {_shape_str(shape)}")
+    numel = self.numel()
+    if wildcard is not None:
+      if known == 0 or numel % known: raise ValueError(f"reshape: shape {_shape_str(shape)} is invalid for input of size {numel} (shape {_shape_str(self.shape)})")
+      shape = shape[:wildcard] + (numel // known,) + shape[wildcard + 1:]
+    elif known != numel: raise ValueError(f"reshape: shape {_shape_str(shape)} is invalid for input of size {numel} (shape {_shape_str(self.shape)})")
+    shape = tuple(int(size) for size in shape)
     return self if shape == self.shape else F.Reshape.apply(self, shape=shape)
   view = reshape
 
   def permute(self, *order) -> Tensor:
     order = argfix(*order)
-    if len(order) != self.ndim: raise ValueError(f"permute: order {order} has {len(order)} dims but tensor of shape {_shape_str(self.shape)} has {self.ndim}")
+    ndim = self.ndim
+    if len(order) != ndim: raise ValueError(f"permute: order {order} has {len(order)} dims but tensor of shape {_shape_str(self.shape)} has {ndim}")
     order = tuple(self._axis(o, "permute") for o in order)
-    if sorted(order) != list(range(self.ndim)): raise ValueError(f"permute: {order} is not a permutation of the dims of shape {_shape_str(self.shape)}")
-    return self if order == tuple(range(self.ndim)) else F.Permute.apply(self, order=order)
+    if len(set(order)) != ndim: raise ValueError(f"permute: {order} is not a permutation of the dims of shape {_shape_str(self.shape)}")
+    return self if order == tuple(range(ndim)) else F.Permute.apply(self, order=order)
 
   def expand(self, *shape) -> Tensor:
     shape = argfix(*shape)
@@ -325,8 +332,15 @@ class Tensor:
     new = tuple(p if s == -1 else s for s, p in zip(shape, padded))
     for p, s in zip(padded, new):
       if p != s and p != 1: raise ValueError(f"expand: cannot expand shape {_shape_str(self.shape)} to {_shape_str(shape)}")
-    x = self.reshape(padded) if padded != self.shape else self
-    return x if new == x.shape else F.Expand.apply(x, shape=new)
+    return self._broadcast_to(new)
+  broadcast_to = expand
+
+  def _broadcast_to(self, shape: tuple[int, ...]) -> Tensor:
+    """expand() to a shape already checked (by the caller) to be a broadcast of self.shape."""
+    if shape == self.shape: return self
+    padded = (1,) * (len(shape) - self.ndim) + self.shape
+    x = self if padded == self.shape else F.Reshape.apply(self, shape=padded)
+    return x if shape == padded else F.Expand.apply(x, shape=shape)
   broadcast_to = expand
 
   def pad(self, padding, mode: str = "constant", value: float = 0.0) -> Tensor:
@@ -390,9 +404,10 @@ class Tensor:
   def transpose(self, dim0: int = 1, dim1: int = 0) -> Tensor:
     dim0, dim1 = self._axis(dim0, "transpose"), self._axis(dim1, "transpose")
     if self.ndim == 0: return self
+    if dim0 == dim1: return self
     order = list(range(self.ndim))
     order[dim0], order[dim1] = order[dim1], order[dim0]
-    return self.permute(order)
+    return F.Permute.apply(self, order=tuple(order))
 
   @property
   def T(self) -> Tensor: return self.permute(tuple(reversed(range(self.ndim))))
@@ -518,7 +533,7 @@ class Tensor:
     if reverse: x, y = y, x
     x, y = x.cast(dtype), y.cast(dtype)
     shape = _broadcast_shape(x.shape, y.shape, op)
-    return x.expand(shape), y.expand(shape)
+    return x._broadcast_to(shape), y._broadcast_to(shape)
 
   # ---- elementwise math ----
   def _float(self) -> Tensor: return self if self.dtype.is_float else self.cast(dtypes.default_float)
@@ -791,7 +806,8 @@ class Tensor:
     if self.ndim == 0: return fn(self.reshape(1), (0,)).reshape(()) if axes == () or axes == (0,) else self
     out = fn(self, axes) if axes else self
     if keepdim: return out
-    return out.reshape(tuple(s for i, s in enumerate(self.shape) if i not in axes))
+    kept = tuple(s for i, s in enumerate(self.shape) if i not in axes)
+    return out if kept == out.shape else F.Reshape.apply(out, shape=kept)
 
   def sum(self, axis=None, keepdim: bool = False, dtype=None) -> Tensor:
     x = self

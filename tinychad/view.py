@@ -8,9 +8,9 @@ ints, numpy index arrays (the numpy device) and symbolic nodes (the code generat
 """
 from __future__ import annotations
 from dataclasses import dataclass
-from functools import cached_property
 import functools
 import math
+from typing import Any, Callable
 
 Shape = tuple[int, ...]
 
@@ -38,6 +38,11 @@ class View:
       object.__setattr__(self, "_hash", cached)
     return cached
 
+  # every recorded op compares its new view with the old one: the same object is the common answer
+  def __eq__(self, other) -> bool:
+    if self is other: return True
+    return isinstance(other, View) and (self.shape, self.strides, self.offset, self.mask) == (other.shape, other.strides, other.offset, other.mask)
+
   shape: Shape
   strides: tuple[int, ...]
   offset: int
@@ -56,9 +61,15 @@ class View:
       if all(m == (0, s) for m, s in zip(mask, shape)): mask = None
     return View(shape, strides, offset, mask)
 
-  @cached_property
+  @property
   def contiguous(self) -> bool:
-    return self.offset == 0 and self.mask is None and self.strides == strides_for_shape(self.shape)
+    # cached by hand: functools.cached_property takes a lock on each first read (before Python 3.12),
+    # and every new view of every recorded op is asked this once
+    cached = self.__dict__.get("_contiguous")
+    if cached is None:
+      cached = self.offset == 0 and self.mask is None and self.strides == strides_for_shape(self.shape)
+      object.__setattr__(self, "_contiguous", cached)
+    return cached
 
   # ---- movement ops: each returns a new View ----
   def permute(self, order: tuple[int, ...]) -> View:
@@ -155,9 +166,25 @@ def _nocopy_strides(old_shape: Shape, old_strides: tuple[int, ...], new_shape: S
   return tuple(new_strides)
 
 
+def _pairs(arg) -> tuple[tuple[int, int], ...]: return tuple((lo, hi) for lo, hi in arg)
+
+
+def _remembered(normalize: Callable[[Any], tuple]) -> Callable:
+  """Decorate a ShapeTracker method `f(self, arg)` with a bounded cache of its results, keyed by
+  (self, normalize(arg))."""
+  def decorate(method: Callable) -> Callable:
+    cached = functools.lru_cache(maxsize=8192)(method)
+    @functools.wraps(method)
+    def remembered(self, arg): return cached(self, normalize(arg))
+    return remembered
+  return decorate
+
+
 @dataclass(frozen=True)
 class ShapeTracker:
   views: tuple[View, ...]
+
+  def __eq__(self, other) -> bool: return self is other or (isinstance(other, ShapeTracker) and self.views == other.views)
 
   def __hash__(self) -> int:
     cached = self.__dict__.get("_hash")
@@ -200,17 +227,27 @@ class ShapeTracker:
     if len(self.views) == 1: return ShapeTracker((view,))
     return ShapeTracker(self.views[:-1] + (view,)).simplify()
 
+  # A movement is a pure function of the tracker and its argument, and a model records the same
+  # movements of the same views on every step: each op remembers its answers (bounded), the argument
+  # made a hashable tuple first.
+  @_remembered(tuple)
   def permute(self, order: tuple[int, ...]) -> ShapeTracker: return self._replace_top(self.views[-1].permute(order))
+  @_remembered(tuple)
   def expand(self, shape: Shape) -> ShapeTracker: return self._replace_top(self.views[-1].expand(shape))
+  @_remembered(_pairs)
   def shrink(self, arg) -> ShapeTracker: return self._replace_top(self.views[-1].shrink(arg))
+  @_remembered(_pairs)
   def pad(self, arg) -> ShapeTracker: return self._replace_top(self.views[-1].pad(arg))
+  @_remembered(tuple)
   def flip(self, axes: tuple[bool, ...]) -> ShapeTracker: return self._replace_top(self.views[-1].flip(axes))
 
+  @_remembered(tuple)
   def reshape(self, new_shape: Shape) -> ShapeTracker:
-    view = self.views[-1].reshape(tuple(new_shape))
+    view = self.views[-1].reshape(new_shape)
     if view is not None: return self._replace_top(view)
-    return ShapeTracker(self.views + (View.create(tuple(new_shape)),)).simplify()
+    return ShapeTracker(self.views + (View.create(new_shape),)).simplify()
 
+  @functools.lru_cache(maxsize=8192)   # pure, and a model composes the same views every step
   def __add__(self, other: ShapeTracker) -> ShapeTracker:
     """Compose: `other` describes an access into a contiguous tensor of shape self.shape."""
     st = self
