@@ -31,7 +31,7 @@ reshape its layout can't express becomes one view), and one layout rule (off wit
     lane axis is split into (panels, P) to read it through a single view.
 """
 from __future__ import annotations
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 import time
 from tinychad.codegen.opt import panel_width
 from tinychad.codegen.refine import refine_kernel_shape
@@ -53,24 +53,38 @@ class ScheduleItem:
   ast: KernelNode                  # STORE root for compute kernels; a LoadOps node for EMPTY / COPY
   output: LazyBuffer               # the base this item realizes
   inputs: tuple[LazyBuffer, ...]   # bases read, as LOAD buffer numbers 1..n
+  # (name, iteration space, ops per point, points): looked up on first use, then read per run
+  _info: tuple[str, tuple[int, ...], int, int] | None = field(default=None, init=False, repr=False, compare=False)
 
   @property
   def is_kernel(self) -> bool: return self.ast.op is BufferOps.STORE
 
   @property
+  def info(self) -> tuple[str, tuple[int, ...], int, int]:
+    if self._info is None:
+      name, full_shape, op_count = _kernel_info(self.ast, self.output.shape)
+      self._info = (name, full_shape, op_count, prod(full_shape))
+    return self._info
+
+  @property
   def name(self) -> str:
     """What the kernel does and its sizes: E_4096 for elementwise, r_64_10_784 for a reduce."""
-    return _kernel_info(self.ast, self.output.shape)[0]
+    return self.info[0]
 
   @property
   def full_shape(self) -> tuple[int, ...]:
     """The iteration space: the reduce's input shape, else the output shape."""
-    return _kernel_info(self.ast, self.output.shape)[1]
+    return self.info[1]
 
   @property
   def op_count(self) -> int:
     """ALU and reduce ops per point of the iteration space (for FLOP counts)."""
-    return _kernel_info(self.ast, self.output.shape)[2]
+    return self.info[2]
+
+  @property
+  def points(self) -> int:
+    """The size of the iteration space."""
+    return self.info[3]
 
   def __repr__(self) -> str: return f"<ScheduleItem {self.name} -> {self.output.shape} {self.output.dtype.name}>"
 
@@ -444,7 +458,7 @@ def run_schedule(items: list[ScheduleItem]) -> None:
   kernels, debug = 0, DEBUG()
   # a device that can build kernels ahead (several compiler processes at once) gets its whole list first
   kernels_by_device: dict[str, list[ScheduleItem]] = {}
-  for item in items:
+  for item in items if len(items) > 1 else ():
     if item.is_kernel and item.output.size > 0: kernels_by_device.setdefault(item.output.device, []).append(item)
   for device, device_items in kernels_by_device.items():
     prepare = getattr(Device[device], "prepare", None) if len(device_items) > 1 else None
@@ -471,9 +485,8 @@ def run_schedule(items: list[ScheduleItem]) -> None:
 
 
 def _count(item: ScheduleItem, elapsed: float) -> None:
-  _, full_shape, ops_per_point = _kernel_info(item.ast, item.output.shape)
   GlobalCounters.kernel_count += 1
-  GlobalCounters.global_ops += ops_per_point * prod(full_shape)
+  GlobalCounters.global_ops += item.op_count * item.points
   moved = item.output.size * item.output.dtype.itemsize
   for i in item.inputs: moved += i.size * i.dtype.itemsize
   GlobalCounters.global_mem += moved

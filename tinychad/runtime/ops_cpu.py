@@ -36,7 +36,7 @@ from pathlib import Path
 from tinychad.codegen import lower_item
 from tinychad.codegen.opt import simd_bytes
 from tinychad.device import find_c_compiler
-from tinychad.helpers import DEBUG, prod
+from tinychad.helpers import DEBUG
 from tinychad.renderer.cstyle import render_c
 from tinychad.runtime.cache import cache_key, cached_library, code_version, load_shared_library, read_record, tree_text, write_record
 from tinychad.runtime.threads import run_parallel
@@ -152,7 +152,7 @@ class CPUDevice:
 
   def exec(self, item, bufs) -> None:
     fn, extent = self.program(item)
-    run_parallel(fn, [b.allocate().address for b in bufs], extent, prod(item.full_shape))
+    run_parallel(fn, [b.allocate().address for b in bufs], extent, item.points)
 
 
 def device_class(): return CPUDevice

@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 from tinychad.codegen import lower_item
 from tinychad.codegen.opt import simd_bytes
-from tinychad.helpers import DEBUG, prod
+from tinychad.helpers import DEBUG
 from tinychad.renderer.llvmir import render_llvm
 from tinychad.runtime.cache import cache_key, cached_bytes, code_version, has_cached_bytes, memoize, read_record, tree_text, write_record
 from tinychad.runtime.threads import run_parallel
@@ -161,7 +161,7 @@ class LLVMDevice:
 
   def exec(self, item, bufs) -> None:
     kernel = self.program(item)
-    run_parallel(kernel.fn, [b.allocate().address for b in bufs], kernel.parallel, prod(item.full_shape))
+    run_parallel(kernel.fn, [b.allocate().address for b in bufs], kernel.parallel, item.points)
 
 
 def device_class(): return LLVMDevice
