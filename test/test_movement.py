@@ -500,3 +500,17 @@ def test_undone_transpose_merges_to_one_view():
   st = ShapeTracker.from_shape((4, 6)).permute((1, 0)).reshape((24,))
   assert len(st.views) == 2
   assert st.reshape((6, 4)).permute((1, 0)).views == ShapeTracker.from_shape((4, 6)).views
+
+
+def test_movements_are_remembered_whatever_the_argument_form():
+  """ShapeTracker movements are cached (view.py): lists, tuples and numpy ints give the same answer,
+  a repeat gives the very same object, and an answer taken from the cache reads the right elements."""
+  st = ShapeTracker.from_shape((4, 6)).permute((1, 0))
+  assert st.reshape([2, 3, 4]) is st.reshape((2, 3, 4)) is st.reshape((np.int64(2), 3, 4))
+  assert st.shrink([[1, 5], [0, 4]]) is st.shrink(((1, 5), (0, 4)))
+  assert st.pad([(1, 0), (0, 2)]) == ShapeTracker.from_shape((4, 6)).permute((1, 0)).pad(((1, 0), (0, 2)))
+  flat = np.arange(24, dtype=np.float32)
+  st.reshape((24,))
+  equal_tracker = ShapeTracker(st.views)   # equal to st, so its movements come from st's cache entries
+  chained = equal_tracker.reshape((24,)).expand((24,)).flip((True,))
+  np.testing.assert_array_equal(read_view(flat, chained, dtypes.float32), flat.reshape(4, 6).T.reshape(24)[::-1])

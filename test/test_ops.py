@@ -184,6 +184,16 @@ def _binary_operands(dtype):
   return np.array([1, 3, 2], dtype=dtype.np) if not dtype.is_float else np.array([1.5, -2.0, 0.25], dtype=dtype.np)
 
 
+def test_dtype_copies_are_the_one_object():
+  # dtypes compare and hash by identity (dtype.py), so a copy or an unpickled dtype must come back as
+  # the very object in `dtypes`, and still work in ops
+  import copy, pickle
+  for dtype in ALL_DTYPES:
+    assert copy.deepcopy(dtype) is dtype and copy.copy(dtype) is dtype and pickle.loads(pickle.dumps(dtype)) is dtype
+  x = Tensor([1.0, 2.0], dtype=pickle.loads(pickle.dumps(dtypes.float16)))
+  assert (x + 1).dtype == dtypes.float16 and {dtypes.float16: 1}[x.dtype] == 1
+
+
 PROMOTION_OPS = {
   "add": lambda a, b: a + b, "mul": lambda a, b: a * b, "truediv": lambda a, b: a / b,
   "maximum": lambda a, b: a.maximum(b) if isinstance(a, Tensor) else torch.maximum(a, b),
