@@ -341,7 +341,6 @@ class Tensor:
     padded = (1,) * (len(shape) - self.ndim) + self.shape
     x = self if padded == self.shape else F.Reshape.apply(self, shape=padded)
     return x if shape == padded else F.Expand.apply(x, shape=shape)
-  broadcast_to = expand
 
   def pad(self, padding, mode: str = "constant", value: float = 0.0) -> Tensor:
     """`padding` is PyTorch's flat form (last dim first: (left, right, top, bottom, ...)) or one (before, after) pair per dim."""
@@ -403,8 +402,7 @@ class Tensor:
 
   def transpose(self, dim0: int = 1, dim1: int = 0) -> Tensor:
     dim0, dim1 = self._axis(dim0, "transpose"), self._axis(dim1, "transpose")
-    if self.ndim == 0: return self
-    if dim0 == dim1: return self
+    if self.ndim == 0 or dim0 == dim1: return self
     order = list(range(self.ndim))
     order[dim0], order[dim1] = order[dim1], order[dim0]
     return F.Permute.apply(self, order=tuple(order))

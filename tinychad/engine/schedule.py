@@ -456,13 +456,7 @@ capture = None
 def run_schedule(items: list[ScheduleItem]) -> None:
   start = time.perf_counter()
   kernels, debug = 0, DEBUG()
-  # a device that can build kernels ahead (several compiler processes at once) gets its whole list first
-  kernels_by_device: dict[str, list[ScheduleItem]] = {}
-  for item in items if len(items) > 1 else ():
-    if item.is_kernel and item.output.size > 0: kernels_by_device.setdefault(item.output.device, []).append(item)
-  for device, device_items in kernels_by_device.items():
-    prepare = getattr(Device[device], "prepare", None) if len(device_items) > 1 else None
-    if prepare is not None: prepare(device_items)
+  if len(items) > 1: _prepare(items)
   for item in items:
     out = item.output
     buf = Buffer(out.device, out.size, out.dtype).allocate()
@@ -482,6 +476,16 @@ def run_schedule(items: list[ScheduleItem]) -> None:
   if debug >= 1 and items:
     elapsed = time.perf_counter() - start
     print(f"realize: {len(items)} items, {kernels} kernels, {elapsed*1e3:.2f} ms")
+
+
+def _prepare(items: list[ScheduleItem]) -> None:
+  """A device that can build kernels ahead (several compiler processes at once) gets its whole list first."""
+  kernels_by_device: dict[str, list[ScheduleItem]] = {}
+  for item in items:
+    if item.is_kernel and item.output.size > 0: kernels_by_device.setdefault(item.output.device, []).append(item)
+  for device, device_items in kernels_by_device.items():
+    prepare = getattr(Device[device], "prepare", None) if len(device_items) > 1 else None
+    if prepare is not None: prepare(device_items)
 
 
 def _count(item: ScheduleItem, elapsed: float) -> None:
