@@ -24,6 +24,17 @@ def each_device(request):
   Device.DEFAULT = previous
 
 
+@pytest.fixture
+def set_noopt(monkeypatch):
+  """set_noopt("0"/"1"): NOOPT for the rest of the test, with the compiled devices' loaded kernels
+  forgotten for it; a device keeps every kernel it loaded, whatever NOOPT was then."""
+  def setter(value: str) -> None:
+    monkeypatch.setenv("NOOPT", value)
+    for name in ("CPU", "LLVM"):
+      if Device.available(name): monkeypatch.setattr(Device[name], "programs", {})
+  return setter
+
+
 @pytest.fixture(autouse=True)
 def _seed():
   Tensor.manual_seed(0)

@@ -145,8 +145,8 @@ POLY_SPECIALS = np.array([np.inf, -np.inf, np.nan, 0.0, -0.0, 1.0, -1.0, 128.0, 
 @pytest.mark.parametrize("noopt", [False, True], ids=["simd", "scalar"])
 @pytest.mark.parametrize("device", ["CPU", "LLVM"])
 @pytest.mark.parametrize("op, np_fn, inputs, max_ulps", POLY_CASES, ids=["exp2", "log2"])
-def test_float32_exp2_log2_polynomials(op, np_fn, inputs, max_ulps, device, noopt, monkeypatch):
-  if noopt: monkeypatch.setenv("NOOPT", "1")
+def test_float32_exp2_log2_polynomials(op, np_fn, inputs, max_ulps, device, noopt, set_noopt):
+  if noopt: set_noopt("1")
   x = inputs.astype(np.float32)
   x = x[:len(x) // 16 * 16]                  # a whole number of SIMD lanes
   out = LazyBuffer.from_numpy(x, device).e(op).numpy()

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from tinychad import Tensor
 from tinychad.codegen import linearize, UOps
-from tinychad.codegen.opt import REDUCE_UNROLL, panel_width, simd_bytes
+from tinychad.codegen.opt import REDUCE_UNROLL, STAGE_MAX_BYTES, TILE_ROWS, panel_width, simd_bytes
 from tinychad.dtype import dtypes
 from tinychad.engine.schedule import PACK_MIN_STRIDE_BYTES, create_schedule
 from tinychad.ops import BufferOps
@@ -31,10 +31,10 @@ rng = np.random.default_rng(0)
 
 
 @pytest.fixture(params=MODES, ids=[f"threads{t}-noopt{n}" for t, n in MODES])
-def mode(request, monkeypatch):
+def mode(request, monkeypatch, set_noopt):
   threads, noopt = request.param
   monkeypatch.setenv("THREADS", threads)
-  monkeypatch.setenv("NOOPT", noopt)
+  set_noopt(noopt)
   return request.param
 
 
@@ -58,6 +58,14 @@ def test_matmul(mode, n, k, m):
   _check(lambda x, y: x @ y, a, b)
   # the transposed weight of a linear layer: contiguous along k for both operands
   _check(lambda x, y: x @ y.T, a, np.ascontiguousarray(b.T))
+
+
+@pytest.mark.parametrize("n,k,m", [(8, 256, 128), (7, 300, 192)], ids=["8x256x128", "7x300x192"])
+def test_tail_tile_with_fused_consumer(mode, n, k, m):
+  # one tile of 6 rows that needs no loop, then a tail tile of the rest, then relu * 2 on both: the
+  # tail's rows once stored the first tile's relu (a linear layer + relu on a batch of 8)
+  a, b = rng.standard_normal((n, k), dtype=np.float32), rng.standard_normal((k, m), dtype=np.float32)
+  _check(lambda x, y: (x @ y).relu() * 2, a, b)
 
 
 # 64 output channels: 4 vectors of lanes, tiles of 6 positions and a tail
@@ -186,8 +194,11 @@ def test_chunks_cover_the_loop_once(extent, parts):
   assert max(hi - lo for lo, hi in ranges) - min(hi - lo for lo, hi in ranges) <= 1
 
 
-# (m, k, n) of a @ b where b's rows are a page apart, so b is packed into panels
-PACKED_MATMULS = [(32, 64, PACK_MIN_STRIDE_BYTES // 4), (48, 40, 2 * PACK_MIN_STRIDE_BYTES // 4)]
+# (m, k, n) of a @ b where the kernel stages panels of b (the first two: b's rows a page apart, the
+# last one: a tail tile) and where the panel is too big to stage, so the scheduler packs b first
+STAGE_K = STAGE_MAX_BYTES // (4 * panel_width(dtypes.float32))
+PACKED_MATMULS = [(32, 64, PACK_MIN_STRIDE_BYTES // 4), (48, 40, 2 * PACK_MIN_STRIDE_BYTES // 4), (50, 30, 192),
+                  (8, STAGE_K + 16, PACK_MIN_STRIDE_BYTES // 4)]
 
 
 @pytest.mark.parametrize("m,k,n", PACKED_MATMULS, ids=[f"{m}x{k}x{n}" for m, k, n in PACKED_MATMULS])
@@ -205,7 +216,7 @@ def _kernels(out: Tensor) -> list:
 
 def test_strided_operand_is_packed_into_panels(monkeypatch):
   monkeypatch.setenv("NOOPT", "0")
-  m, k, n, p = 32, 64, PACK_MIN_STRIDE_BYTES // 4, panel_width(dtypes.float32)
+  m, k, n, p = 32, STAGE_K + 16, PACK_MIN_STRIDE_BYTES // 4, panel_width(dtypes.float32)
   a, b = Tensor.rand(m, k, device="NUMPY").realize(), Tensor.rand(k, n, device="NUMPY").realize()
   pack, matmul = _kernels(a @ b)
   # the packing kernel is a plain copy of b into (panel, k, lane) order
@@ -217,16 +228,56 @@ def test_strided_operand_is_packed_into_panels(monkeypatch):
   # the register tile's loop runs inside the panel loop: threads split the panels
   program = linearize(matmul.ast, matmul.name)
   ranges = [u.arg for u in program.uops if u.op is UOps.RANGE]
-  assert ranges[0][:3] == ("gidx1", n // p, True) and ranges[1][1] == m // 4 and program.parallel == n // p   # 4-row tiles
+  assert ranges[0][:3] == ("gidx1", n // p, True) and ranges[1][1] == m // TILE_ROWS and program.parallel == n // p
 
 
-@pytest.mark.parametrize("m,k,n,noopt", [(32, 64, 256, "0"), (1, 64, 4096, "0"), (32, 64, 4096, "1")],
-                         ids=["short-rows", "no-reuse", "noopt"])
+@pytest.mark.parametrize("m,k,n,noopt", [(32, 64, 256, "0"), (1, 64, 4096, "0"), (32, 64, 4096, "0"), (32, STAGE_K + 16, 4096, "1")],
+                         ids=["short-rows", "no-reuse", "staged", "noopt"])
 def test_operand_not_packed(monkeypatch, m, k, n, noopt):
-  # rows closer than a page, a matrix-vector product (each element read once) and NOOPT: no copy
+  # rows closer than a page, a matrix-vector product (each element read once), a panel the kernel
+  # stages itself and NOOPT: no copy ahead
   monkeypatch.setenv("NOOPT", noopt)
   a, b = Tensor.rand(m, k, device="NUMPY").realize(), Tensor.rand(k, n, device="NUMPY").realize()
   assert len(_kernels(a @ b)) == 1
+
+
+def _staged_program(monkeypatch, a: Tensor, b: Tensor, noopt: str = "0"):
+  monkeypatch.setenv("NOOPT", noopt)
+  (item,) = _kernels(a @ b)
+  return linearize(item.ast, item.name)
+
+
+def test_shared_operand_is_staged(monkeypatch):
+  """The tile's shared operand (b) is copied into a stack panel inside the loop over panels, and the
+  tile reads only that panel: b's global buffer is read in the copy loop, before the tile's loop."""
+  m, k, n, p = 64, 96, 256, panel_width(dtypes.float32)
+  a, b = Tensor.rand(m, k, device="NUMPY").realize(), Tensor.rand(k, n, device="NUMPY").realize()
+  program = _staged_program(monkeypatch, a, b)
+  (local,) = [u for u in program.uops if u.op is UOps.DEFINE_LOCAL]
+  assert local.arg == k * p and local.dtype == dtypes.float32
+  ranges = [u for u in program.uops if u.op is UOps.RANGE]
+  assert [r.arg[0] for r in ranges[:4]] == ["gidx1", "ridx0", "gidx0", "ridx0"] and ranges[0].arg[1] == n // p
+  b_buffer = program.globals[2]
+  b_reads = [u.num for u in program.uops if u.op is UOps.LOAD and u.srcs[0] is b_buffer]
+  panel_writes = [u.num for u in program.uops if u.op is UOps.STORE and u.srcs[0] is local]
+  assert b_reads and max(b_reads) < ranges[2].num and len(panel_writes) == p // (simd_bytes() // 4)
+  assert all(u.vec > 1 for u in program.uops if u.op is UOps.LOAD and u.srcs[0] is local)
+  assert f"float local{local.num}[{k * p}] __attribute__((aligned(64)));" in render_c(program)
+  assert f"alloca float, i64 {k * p}, align 64" in render_llvm(program)
+  # a caller's Opts that stages a load the tile doesn't share (a, which moves along the tile's rows)
+  from tinychad.codegen.linearize import opt_inputs
+  from tinychad.codegen.opt import choose_opts
+  (item,) = _kernels(a @ b)
+  opts = choose_opts(*opt_inputs(item.ast))
+  opts.stage = 1 - opts.stage if opts.stage in (0, 1) else 0
+  with pytest.raises(ValueError, match="can't be staged"): linearize(item.ast, item.name, opts)
+
+
+@pytest.mark.parametrize("m,n,noopt", [(8, 256, "0"), (64, 64, "0"), (64, 256, "1")], ids=["few-rows", "one-panel", "noopt"])
+def test_operand_not_staged(monkeypatch, m, n, noopt):
+  # two tiles of rows don't repay the copy, a b exactly one panel wide is a panel already, NOOPT
+  a, b = Tensor.rand(m, 96, device="NUMPY").realize(), Tensor.rand(96, n, device="NUMPY").realize()
+  assert not any(u.op is UOps.DEFINE_LOCAL for u in _staged_program(monkeypatch, a, b, noopt).uops)
 
 
 # the first piece is slow, so the other thread takes the rest of the first thread's block

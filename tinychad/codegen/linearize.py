@@ -15,6 +15,10 @@ else loads each lane and gathers them (VECTORIZE), so every view pattern stays c
 The first non-reduce loop is `parallel`: the function takes its [start, end) as two more int64 args.
 A tile whose rows don't divide their axis (opt.py's tail) is followed by one more tile of the rows
 left over: the loops inside it are lowered twice, the second time with that axis's index fixed.
+A staged load (opt.py's `stage`: B in a matmul) is copied into a scratch array (DEFINE_LOCAL, on the
+stack of the thread running the call) inside the last outer loop it moves along, by a loop over the
+reduce indices that reads it in vector rows; the register tile below then reads that panel:
+  for panel: { for k: local[k*64 : k*64+64] = B[k, panel*64 : +64];  for rows: { for k: acc += A * local[k*64 ...] } }
 """
 from __future__ import annotations
 from dataclasses import dataclass, field
@@ -24,11 +28,12 @@ from tinychad.dtype import DType, dtypes
 from tinychad.ops import Op, UnaryOps, BinaryOps, TernaryOps, ReduceOps, BufferOps, KernelNode
 from tinychad.view import ShapeTracker, View
 from tinychad.codegen.symbolic import Node, Num, Var, Sum, Mul, Div, Mod, Lt, Ge, And, to_node, fits_int32
-from tinychad.codegen.opt import LeafAccess, Opts, choose_opts
+from tinychad.codegen.opt import LeafAccess, Opts, choose_opts, stage_depth, staging_fits
 
 
 class UOps(Enum):
   DEFINE_GLOBAL = auto()  # a kernel argument: arg = (buffer number, writable)
+  DEFINE_LOCAL = auto()   # a scratch array of the thread running the call: arg = elements; 64-byte aligned
   CONST = auto()          # a literal: arg = value
   RANGE = auto()          # open a loop: arg = (variable name, extent, parallel, unroll); a parallel loop runs
                           # [start, end); unroll > 1 asks the compiler to repeat the body that many times
@@ -263,7 +268,8 @@ class _Lowerer:
     self.dims, views = simplify_dims(full_shape, reduce_axes, [_top(n.arg[1]) for n in self.leaves])
     self.views = {id(n): v for n, v in zip(self.leaves, views)}
     nodes = store.walk()
-    access = [LeafAccess(self.strides(n), n.op in (BufferOps.LOAD, BufferOps.GATHER), n is store, id(n) in self.below) for n in self.leaves]
+    access = [LeafAccess(self.strides(n), n.op in (BufferOps.LOAD, BufferOps.GATHER), n is store, id(n) in self.below,
+                         n.dtype.itemsize, n.op is BufferOps.GATHER) for n in self.leaves]
     dtypes_used = {n.dtype for n in nodes} | {n.arg for n in nodes if n.op is UnaryOps.CAST}
     return self.dims, access, dtypes_used, {n.op for n in nodes}
 
@@ -271,6 +277,13 @@ class _Lowerer:
     store, inputs = self.ast, self.analyze()
     leaves = self.leaves
     self.opts = opts if opts is not None else choose_opts(*inputs)
+    self.staged: KernelNode | None = None
+    if self.opts.stage is not None:
+      access = inputs[1]
+      if not staging_fits(self.dims, access, self.opts, self.opts.stage):
+        raise ValueError(f"{self.name}: leaf {self.opts.stage} can't be staged under {self.opts}")
+      self.staged, self.stage_at = leaves[self.opts.stage], stage_depth(self.dims, access[self.opts.stage], self.opts)
+    self.reducing = False    # lowering the reduce's body, where the staged load reads its panel
     names, counts = [], {True: 0, False: 0}
     for size, is_reduce in self.dims:
       names.append(f"{'r' if is_reduce else 'g'}idx{counts[is_reduce]}")
@@ -294,6 +307,9 @@ class _Lowerer:
     for n in leaves:
       if n.op in (BufferOps.LOAD, BufferOps.GATHER): bufs[n.arg[0]] = n.dtype
     self.globals = [self.emit(UOps.DEFINE_GLOBAL, bufs[i], (), (i, i == 0), cse=False) for i in sorted(bufs)]
+    if self.staged is not None:
+      self.panel_lanes = self.opts.upcast[self.opts.vector[0]]
+      self.local = self.emit(UOps.DEFINE_LOCAL, self.staged.dtype, (), self.reduce_points() * self.panel_lanes, cse=False)
 
     # loops: the non-reduce ones in the chosen order (the first is split across threads), then the reduce
     self.parallel = 0
@@ -308,6 +324,7 @@ class _Lowerer:
     """The loops over the non-reduce axes in `order`, outermost first, around the kernel's body. An
     axis whose unroll doesn't divide it (opt.py's tail) runs its whole tiles in the loop, then one
     more tile of the leftover lanes after it, with the loop variable fixed at the loop's end."""
+    if self.staged is not None and len(self.opts.order) - len(order) == self.stage_at: self.stage()
     if not order:
       self.body()
       return
@@ -352,12 +369,52 @@ class _Lowerer:
       part = value if value.vec == 1 else self.emit(UOps.GEP, value.dtype, (value,), i)
       self.emit(UOps.STORE, None, (self.globals[0], self.index(index), part), cse=False)
 
-  def open_reduce_loops(self) -> list[UOp]:
+  def reduce_extents(self) -> list[tuple[int, int]]:
+    """(dim, loop extent) of every reduce dim that has a loop."""
     extents = [(d, s // self.opts.upcast.get(d, 1)) for d, (s, r) in enumerate(self.dims) if r]
-    extents = [(d, extent) for d, extent in extents if extent != 1]
+    return [(d, extent) for d, extent in extents if extent != 1]
+
+  def reduce_points(self) -> int:
+    """Elements each output reduces over."""
+    points = 1
+    for size, is_reduce in self.dims: points *= size if is_reduce else 1
+    return points
+
+  def open_reduce_loops(self) -> list[UOp]:
+    extents = self.reduce_extents()
     # the unroll hint goes on the innermost loop, whose body is the one the hint repeats
     return [self.open_loop(self.loop_vars[d], extent, unroll=self.opts.unroll if i == len(extents) - 1 else 1)
             for i, (d, extent) in enumerate(extents)]
+
+  # -- the staged panel --
+  def panel_index(self, lane: Lane) -> Node:
+    """Where the staged load's element at `lane` sits in the panel: reduce index (row-major over the
+    reduce dims, at the open reduce loops) times the panel's lanes, plus the lane along the vector axis."""
+    index: Node = Num(lane[self.opts.vector[0]])
+    step = self.panel_lanes
+    for d in reversed(range(len(self.dims))):
+      if self.dims[d][1]:
+        index = index + self.dim_index(d, 0) * step
+        step *= self.dims[d][0]
+    return index
+
+  def stage(self) -> None:
+    """Copy the staged load's panel for the loops open now into the scratch array, one vector row
+    of the tile per reduce index. The dims it doesn't move along (the tile's, not open yet) are 0."""
+    node, (vec, width) = self.staged, self.opts.vector
+    st, view = node.arg[1], self.views[id(node)]
+    picked = set(self.opts.order[:self.stage_at])
+    opened = [self.open_loop(self.loop_vars[d], extent) for d, extent in self.reduce_extents()]
+    for offset in range(0, self.panel_lanes, width):
+      lane = tuple(offset if d == vec else 0 for d in range(len(self.dims)))
+      exprs = []
+      for ln in self.vector_lanes(lane):
+        idxs = [self.dim_index(d, ln[d]) if r or d in picked else Num(0) for d, (_, r) in enumerate(self.dims)]
+        index, valid = ShapeTracker(st.views[:-1] + (view,)).expr_idxs(idxs)
+        exprs.append((to_node(index), None if valid is None else to_node(valid)))
+      row = self.read(node, exprs)
+      self.emit(UOps.STORE, None, (self.local, self.index(self.panel_index(lane)), row), cse=False)
+    for loop in reversed(opened): self.close_loop(loop)
 
   def lower_reduce(self) -> None:
     op, dtype = self.reduce.op, self.reduce.dtype
@@ -369,6 +426,7 @@ class _Lowerer:
     accs = {(o, r): self.emit(UOps.DEFINE_ACC, acc_dtype, (), reduce_identity(op, acc_dtype), cse=False, vec=vec)
             for o in outer_lanes for r in inner_lanes}
     opened = self.open_reduce_loops()
+    self.reducing = True
     for o in outer_lanes:
       for r in inner_lanes:
         lane = tuple(a + b for a, b in zip(o, r))
@@ -376,6 +434,7 @@ class _Lowerer:
         if acc_dtype != dtype: x = self.emit(UOps.ALU, acc_dtype, (x,), UnaryOps.CAST, vec=x.vec)
         acc = accs[(o, r)]
         self.emit(UOps.ASSIGN, acc_dtype, (acc, self.emit(UOps.ALU, acc_dtype, (acc, x), alu, cse=False, vec=vec)), cse=False, vec=vec)
+    self.reducing = False
     for loop in reversed(opened): self.close_loop(loop)
     vector_is_reduce = self.opts.vector is not None and self.dims[self.opts.vector[0]][1]
     for o in outer_lanes:
@@ -390,16 +449,21 @@ class _Lowerer:
       self.acc[o] = total if acc_dtype == dtype else self.emit(UOps.ALU, dtype, (total,), UnaryOps.CAST, cse=False, vec=total.vec)
 
   def leaf(self, node: KernelNode, lane: Lane) -> UOp:
-    """A LOAD or CONST at `lane`: one scalar when every vector lane reads the same element, one vector
-    load when they read consecutive elements under one gate, else a scalar per lane gathered."""
-    lanes = self.vector_lanes(lane)
-    exprs = [self.leaf_expr(node, ln) for ln in lanes]
+    """A LOAD or CONST at `lane`; inside the reduce, the staged load reads its panel instead."""
+    if node is self.staged and self.reducing:
+      return self.emit(UOps.LOAD, node.dtype, (self.local, self.index(self.panel_index(lane))), vec=len(self.vector_lanes(lane)))
+    return self.read(node, [self.leaf_expr(node, ln) for ln in self.vector_lanes(lane)])
+
+  def read(self, node: KernelNode, exprs: list[tuple[Node, Node | None]]) -> UOp:
+    """`node` read at one index (and validity) per vector lane: one scalar when every lane reads the
+    same element, one vector load when they read consecutive elements under one gate, else a scalar
+    per lane gathered."""
     if node.op is BufferOps.CONST:
       if all(_key(e[1]) == _key(exprs[0][1]) for e in exprs): return self.scalar_leaf(node, exprs[0])
     elif all(_key(e[0]) == _key(exprs[0][0]) and _key(e[1]) == _key(exprs[0][1]) for e in exprs):
       return self.scalar_leaf(node, exprs[0])
     elif _consecutive(exprs):
-      return self.scalar_leaf(node, exprs[0], vec=len(lanes))
+      return self.scalar_leaf(node, exprs[0], vec=len(exprs))
     parts = tuple(self.scalar_leaf(node, e) for e in exprs)
     return self.emit(UOps.VECTORIZE, node.dtype, parts, vec=len(parts))
 
@@ -443,8 +507,10 @@ class _Lowerer:
     """The UOp holding `node`'s value at the current loop position and `lane`."""
     if isinstance(node.op, ReduceOps): return self.acc[tuple(0 if r else x for x, (_, r) in zip(lane, self.dims))]
     # remembered in the CSE scopes: a tree is a DAG (a value read by several ops), and walking it
-    # as a tree would lower a shared subtree once per path to it, exponentially often
-    key = ("value", node, lane)
+    # as a tree would lower a shared subtree once per path to it, exponentially often. The tail tile
+    # is part of the key: a tile without a loop of its own shares its scope with the tail after it,
+    # whose lanes have the same offsets but other rows
+    key = ("value", node, lane, tuple(self.tail.items()))
     for scope in reversed(self.scopes):
       if key in scope: return scope[key]
     uop = self.scopes[-1][key] = self._value(node, lane)

@@ -22,6 +22,12 @@ The heuristics, in order (every choice divides its axis, except a register tile'
     only inside another loop (`tails_are_valid`): the outermost loop is the one threads split;
   - more accumulators: a reduce with no register tile keeps several vector partial sums (latency);
   - the reduce loop's body is unrolled REDUCE_UNROLL times (same accumulators, fewer loop steps);
+  - staging (`stage`): the one load a register tile shares (stride 0 along every tile axis: B in a
+    matmul) is copied, for each pass of the loops it moves along, into a contiguous scratch panel
+    (reduce index x the vector axis's tile lanes) that the tile then reads instead: one stream,
+    every L1 set, instead of one row of B per page (codegen/linearize.py). Only where the panel
+    fits STAGE_MAX_BYTES and the tile sweeps it at least STAGE_MIN_REUSE times; a bigger one is
+    packed by the scheduler ahead of the kernel (engine/schedule.py);
   - loop order: with a register tile and a non-reduce vector axis, the vector axis's loop goes
     outermost (after the batch axes of a batched matmul, along which every operand moves), then
     the other axes along which the tile's shared load (stride 0 along the tile:
@@ -64,6 +70,12 @@ REDUCE_ACCUMULATORS = 4        # vector partial sums of a reduce along the vecto
 # index arithmetic then cost a quarter as much per multiply-add. An 8x32 matmul tile 68% -> 74% of one
 # core's FMA peak (C harness); GPT forward -5% and softmax -7% time. 2 and 8 measured slower than 4
 REDUCE_UNROLL = 4
+# a staged panel lives on the stack of the thread running the kernel: 8 MiB for the pool's workers
+# (runtime/threads.py) and, with the default ulimit, the main thread. 512 KiB holds a 2048 x 64 float
+# panel. Measured on 2 threads: a 512^3 matmul's kernel 0.82-0.93 -> 0.70-0.73 ms (C harness, the copy
+# included); eager 1024^3 (packed ahead before) 314-318 -> 328-350 GFLOP/s, 2048^3 338-370 -> 370-386
+STAGE_MAX_BYTES = 512 * 1024
+STAGE_MIN_REUSE = 4            # passes of the tile over a staged panel: fewer don't repay the copy
 # the search may try more than the heuristic does: which tile wins depends on the machine and the shape
 SEARCH_MAX_ACCUMULATORS = 32
 SEARCH_ROW_VECTORS = (1, 2, 4)
@@ -77,9 +89,11 @@ Vector = tuple[int, int] | None        # (axis, width) of the SIMD lanes, or non
 @dataclass
 class LeafAccess:
   strides: tuple[int | None, ...]    # element stride per dim; None where the index isn't affine in it
-  is_load: bool                      # LOAD (True), CONST or STORE (False)
+  is_load: bool                      # LOAD or GATHER (True), CONST or STORE (False)
   is_store: bool
   below_reduce: bool                 # read inside the reduce loop
+  itemsize: int = 4                  # bytes per element
+  is_gather: bool = False            # a GATHER: its rows move with an index the strides can't show
 
 
 @dataclass
@@ -88,6 +102,7 @@ class Opts:
   vector: Vector = None
   order: list[int] = field(default_factory=list)
   unroll: int = 1                    # copies of the innermost reduce loop's body per iteration
+  stage: int | None = None           # the leaf (index into the leaves) copied into a scratch panel
 
 
 @functools.lru_cache(maxsize=None)
@@ -207,7 +222,50 @@ def _build_opts(dims: Dims, leaves: list[LeafAccess], vector: Vector,
     panel = _panel_axes(dims, leaves, list(tile), vec)
     batch = _batch_axes(leaves, panel)
     opts.order = batch + [vec] + [d for d in panel if d not in batch] + [d for d in opts.order if d != vec and d not in panel]
+    opts.stage = _pick_stage(dims, leaves, opts, list(tile))
   return opts
+
+
+def stage_depth(dims: Dims, leaf: LeafAccess, opts: Opts) -> int:
+  """How many of the outer loops (opts.order, outermost first) pick the panel of `leaf` that is staged:
+  the copy runs inside the last loop along which leaf moves, before the loops it stays put in."""
+  moving = [i for i, d in enumerate(opts.order) if leaf.strides[d] != 0]
+  return moving[-1] + 1 if moving else 0
+
+
+def _loop_passes(dims: Dims, opts: Opts, d: int) -> int:
+  """Iterations of d's loop, its tail tile counted as one more."""
+  amount = opts.upcast.get(d, 1)
+  return dims[d][0] // amount + (1 if dims[d][0] % amount else 0)
+
+
+def staging_fits(dims: Dims, leaves: list[LeafAccess], opts: Opts, i: int) -> bool:
+  """Leaf i can be staged under `opts`: a plain load inside the reduce, read in consecutive lanes
+  along the (non-reduce) vector axis, whose panel (every reduce index x the vector axis's tile lanes)
+  fits STAGE_MAX_BYTES, isn't laid out as one already, and is swept STAGE_MIN_REUSE times or more."""
+  leaf = leaves[i]
+  if not leaf.is_load or leaf.is_gather or not leaf.below_reduce or None in leaf.strides: return False
+  if opts.vector is None or dims[opts.vector[0]][1]: return False
+  vec = opts.vector[0]
+  if leaf.strides[vec] != 1 or any(r and d in opts.upcast for d, (_, r) in enumerate(dims)): return False
+  lanes = opts.upcast.get(vec, 1)
+  if _reduce_size(dims) * lanes * leaf.itemsize > STAGE_MAX_BYTES: return False
+  # the panel's own layout: reduce index (row-major over the reduce dims) times the lanes
+  step, panel_strides = lanes, {}
+  for d in reversed(range(len(dims))):
+    if dims[d][1]: panel_strides[d], step = step, step * dims[d][0]
+  if all(leaf.strides[d] == stride for d, stride in panel_strides.items()): return False
+  reuse = 1
+  for d in opts.order[stage_depth(dims, leaf, opts):]: reuse *= _loop_passes(dims, opts, d)
+  return reuse >= STAGE_MIN_REUSE
+
+
+def _pick_stage(dims: Dims, leaves: list[LeafAccess], opts: Opts, tile: list[int]) -> int | None:
+  """The load the register tile shares (stride 0 along every tile axis), if it alone is and fits."""
+  shared = [i for i, leaf in enumerate(leaves) if leaf.is_load and leaf.below_reduce
+            and all(leaf.strides[d] == 0 for d in tile)]
+  if len(shared) != 1 or not staging_fits(dims, leaves, opts, shared[0]): return None
+  return shared[0]
 
 
 def _heuristic_vector(dims: Dims, leaves: list[LeafAccess], dtypes_used: set[DType]) -> Vector:
@@ -280,7 +338,7 @@ def distinct_opts(dims: Dims, found: list[Opts]) -> list[Opts]:
   """`found` without repeats (the first of equal ones stays): equal upcasts, vector and loops."""
   seen, out = set(), []
   for opts in found:
-    key = (tuple(sorted(opts.upcast.items())), opts.vector, _effective_order(dims, opts), opts.unroll)
+    key = (tuple(sorted(opts.upcast.items())), opts.vector, _effective_order(dims, opts), opts.unroll, opts.stage)
     if key in seen: continue
     seen.add(key)
     out.append(opts)
@@ -353,5 +411,6 @@ def order_variants(dims: Dims, opts: Opts) -> list[Opts]:
   # reorders only tiled kernels (by its panel rule), so a transposing copy, say, may prefer another
   natural = _natural_order(dims)
   orders = [natural, natural[::-1]] + [[d] + [a for a in natural if a != d] for d in natural]
+  # without staging: which loops pick the staged panel is what these orders change
   found = [Opts(dict(opts.upcast), opts.vector, order, opts.unroll) for order in orders]
   return [o for o in distinct_opts(dims, [opts] + found) if o is not opts]

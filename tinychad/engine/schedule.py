@@ -28,12 +28,14 @@ reshape its layout can't express becomes one view), and one layout rule (off wit
     over (stride 0 along another axis) is first copied into panels, by a kernel of its own made of
     movement ops + contiguous: panel p holds columns [p*P, (p+1)*P) for every reduce index, so the
     register tile reads one contiguous stream (P = opt.panel_width, one tile row). The consumer's
-    lane axis is split into (panels, P) to read it through a single view.
+    lane axis is split into (panels, P) to read it through a single view. Only where one panel
+    is too big to stage: codegen copies a smaller one inside the kernel, each thread its own panel
+    while it is in cache (opt.py's `stage`), which costs no pass over memory and no kernel launch.
 """
 from __future__ import annotations
 from dataclasses import dataclass, field
 import time
-from tinychad.codegen.opt import panel_width
+from tinychad.codegen.opt import STAGE_MAX_BYTES, panel_width
 from tinychad.codegen.refine import refine_kernel_shape
 from tinychad.device import Buffer, Device
 from tinychad.helpers import DEBUG, GlobalCounters, getenv, prod
@@ -404,6 +406,7 @@ def _lane_to_pack(load: KernelNode, reduce_axes: tuple[int, ...], full: tuple[in
   strides, itemsize = st.views[0].strides, load.dtype.itemsize
   if not any(a in reduce_axes and abs(strides[a]) * itemsize >= PACK_MIN_STRIDE_BYTES for a in range(len(full))): return None
   if prod(s for a, s in enumerate(full) if a not in reduce_axes and strides[a] == 0) < PACK_MIN_REUSE: return None
+  if prod(full[a] for a in reduce_axes) * panel * itemsize <= STAGE_MAX_BYTES: return None   # staged in the kernel
   return next((a for a, s in enumerate(full) if a not in reduce_axes and strides[a] == 1 and s % panel == 0), None)
 
 

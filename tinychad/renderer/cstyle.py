@@ -204,6 +204,9 @@ class CRenderer:
       # gcc and clang both read this pragma; the unrolled copies share the loop's accumulators
       return [f"#pragma GCC unroll {unroll}", loop] if unroll > 1 else loop
     if u.op is UOps.ENDRANGE: return "}"
+    if u.op is UOps.DEFINE_LOCAL:
+      self.names[id(u)] = f"local{n}"
+      return f"{u.dtype.c_name} local{n}[{u.arg}] __attribute__((aligned(64)));"
     if u.op is UOps.LOAD:
       self.names[id(u)] = f"val{n}"
       vtype = self.type_name(u.dtype, u.vec)

@@ -343,6 +343,12 @@ class LLVMRenderer:
       elif u.op is UOps.VECTORIZE: self.values[id(u)] = [self.ref(x) for x in u.srcs]
       elif u.op is UOps.GEP: self.values[id(u)] = self.ref(u.srcs[0])[u.arg]
       elif u.op is UOps.STORE: self.store(u)
+      elif u.op is UOps.DEFINE_LOCAL:
+        with self.b.goto_block(self.entry):
+          self.b.position_at_start(self.entry)
+          # in the entry block with a constant count: a fixed slot in the frame, like a C array
+          self.values[id(u)] = self.b.alloca(mem_type(u.dtype), size=ir.Constant(ir.IntType(64), u.arg), name=f"local{u.num}")
+          self.values[id(u)].align = 64
       elif u.op is UOps.DEFINE_ACC and _simd(u): self.vector_accumulator(u)
       elif u.op is UOps.DEFINE_ACC:
         # allocas go in the entry block so mem2reg/SROA can promote them

@@ -24,6 +24,8 @@ gcc (12 here) also gets
                       vmovsh store); without it each half op computes in float and rounds to half on
                       assignment, as numpy does
 `prepare(items)` compiles every new kernel of a schedule up front, several gcc processes at once.
+A process keeps each kernel it has loaded: NOOPT and BEAM apply to kernels first built after they
+are set (as in tinygrad, which reads them once), and an exec pays no environment lookups.
 """
 from __future__ import annotations
 import ctypes

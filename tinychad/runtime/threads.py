@@ -30,6 +30,7 @@ MIN_PARALLEL_WORK = 1 << 16
 POOL_MAX_ARGS = 32          # buffers a kernel may take and still run on the native pool
 POOL_MAX_THREADS = 64
 SPIN_NS = 300_000           # a training step's Python work between two kernels is ~30-100 us
+WORKER_STACK_BYTES = 8 << 20  # glibc's default with the usual 8 MiB ulimit; kernels stage panels on the stack
 CHUNKS_PER_THREAD = 4       # pieces of the parallel loop per thread: enough to rebalance, few enough to stay coarse
 
 
@@ -130,8 +131,15 @@ int tc_run(void* fn, void** args, int nargs, long long extent, int parts, int ch
   if (!fork_handler_set) fork_handler_set = pthread_atfork(0, 0, forget_workers) == 0;
   while (workers < parts - 1) {
     pthread_t t;
+    pthread_attr_t attr;
     born_at[workers + 1] = atomic_load(&generation);
-    if (pthread_create(&t, 0, worker, (void*)(long)(workers + 1)) != 0) { pthread_mutex_unlock(&one_job); return -1; }
+    // a kernel keeps its staged panel on the stack (codegen/opt.py STAGE_MAX_BYTES): whatever the
+    // ulimit, a worker has as much stack as a main thread has by default
+    pthread_attr_init(&attr);
+    pthread_attr_setstacksize(&attr, %STACK_BYTES%);
+    int failed = pthread_create(&t, &attr, worker, (void*)(long)(workers + 1));
+    pthread_attr_destroy(&attr);
+    if (failed) { pthread_mutex_unlock(&one_job); return -1; }
     pthread_detach(t);
     workers++;
   }
@@ -148,7 +156,7 @@ int tc_run(void* fn, void** args, int nargs, long long extent, int parts, int ch
   pthread_mutex_unlock(&one_job);
   return 0;
 }
-""".replace("%CASES%", _call_cases()).replace("%SPIN_NS%", str(SPIN_NS)).replace("%MAX_THREADS%", str(POOL_MAX_THREADS))
+""".replace("%CASES%", _call_cases()).replace("%SPIN_NS%", str(SPIN_NS)).replace("%MAX_THREADS%", str(POOL_MAX_THREADS)).replace("%STACK_BYTES%", str(WORKER_STACK_BYTES))
 
 
 @functools.lru_cache(maxsize=None)
