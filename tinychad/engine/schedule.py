@@ -38,6 +38,7 @@ import time
 from tinychad.codegen.opt import STAGE_MAX_BYTES, panel_width
 from tinychad.codegen.refine import refine_kernel_shape
 from tinychad.device import Buffer, Device
+from tinychad.engine.schedule_cache import graph_key, remember, remembered
 from tinychad.helpers import DEBUG, GlobalCounters, getenv, prod
 from tinychad.lazy import LazyBuffer
 from tinychad.ops import BufferOps, KernelNode, LoadOps, ReduceOps, ALU_OPS
@@ -434,10 +435,22 @@ def _reshape_outside_reduce(node: KernelNode, shape: tuple[int, ...], done: dict
 
 
 def create_schedule(outs: list[LazyBuffer]) -> list[ScheduleItem]:
-  scheduler = _Scheduler(outs)
-  for out in outs:
-    if out.base.op is not LoadOps.CONST or out.base in scheduler.targets: scheduler.realize(out.base)
-  return scheduler.items
+  """The kernels that compute `outs`: the ones made for an earlier graph of the same shape
+  (engine/schedule_cache.py), else made now and remembered."""
+  key, nodes = graph_key(outs)
+  items = remembered(key, nodes, _item_from_template)
+  if items is None:
+    scheduler = _Scheduler(outs)
+    for out in outs: scheduler.realize(out.base)
+    items = scheduler.items
+    remember(key, nodes, items)
+  return items
+
+
+def _item_from_template(ast: KernelNode, output: LazyBuffer, inputs: tuple[LazyBuffer, ...], info: tuple) -> ScheduleItem:
+  item = ScheduleItem(ast, output, inputs)
+  item._info = info
+  return item
 
 
 def realize(outs: list[LazyBuffer]) -> None:
