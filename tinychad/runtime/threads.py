@@ -156,7 +156,10 @@ int tc_run(void* fn, void** args, int nargs, long long extent, int parts, int ch
   pthread_mutex_unlock(&one_job);
   return 0;
 }
-""".replace("%CASES%", _call_cases()).replace("%SPIN_NS%", str(SPIN_NS)).replace("%MAX_THREADS%", str(POOL_MAX_THREADS)).replace("%STACK_BYTES%", str(WORKER_STACK_BYTES))
+"""
+for _name, _value in (("%CASES%", _call_cases()), ("%SPIN_NS%", str(SPIN_NS)), ("%MAX_THREADS%", str(POOL_MAX_THREADS)),
+                      ("%STACK_BYTES%", str(WORKER_STACK_BYTES))):
+  POOL_SOURCE = POOL_SOURCE.replace(_name, _value)
 
 
 @functools.lru_cache(maxsize=None)
