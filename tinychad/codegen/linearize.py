@@ -28,7 +28,7 @@ from tinychad.dtype import DType, dtypes
 from tinychad.ops import Op, UnaryOps, BinaryOps, TernaryOps, ReduceOps, BufferOps, KernelNode
 from tinychad.view import ShapeTracker, View
 from tinychad.codegen.symbolic import Node, Num, Var, Sum, Mul, Div, Mod, Lt, Ge, And, to_node, fits_int32
-from tinychad.codegen.opt import LeafAccess, Opts, choose_opts, stage_depth, staging_fits
+from tinychad.codegen.opt import LeafAccess, Opts, choose_opts, panel_strides, reduce_size, stage_depth, staging_fits
 
 
 class UOps(Enum):
@@ -309,7 +309,7 @@ class _Lowerer:
     self.globals = [self.emit(UOps.DEFINE_GLOBAL, bufs[i], (), (i, i == 0), cse=False) for i in sorted(bufs)]
     if self.staged is not None:
       self.panel_lanes = self.opts.upcast[self.opts.vector[0]]
-      self.local = self.emit(UOps.DEFINE_LOCAL, self.staged.dtype, (), self.reduce_points() * self.panel_lanes, cse=False)
+      self.local = self.emit(UOps.DEFINE_LOCAL, self.staged.dtype, (), reduce_size(self.dims) * self.panel_lanes, cse=False)
 
     # loops: the non-reduce ones in the chosen order (the first is split across threads), then the reduce
     self.parallel = 0
@@ -374,12 +374,6 @@ class _Lowerer:
     extents = [(d, s // self.opts.upcast.get(d, 1)) for d, (s, r) in enumerate(self.dims) if r]
     return [(d, extent) for d, extent in extents if extent != 1]
 
-  def reduce_points(self) -> int:
-    """Elements each output reduces over."""
-    points = 1
-    for size, is_reduce in self.dims: points *= size if is_reduce else 1
-    return points
-
   def open_reduce_loops(self) -> list[UOp]:
     extents = self.reduce_extents()
     # the unroll hint goes on the innermost loop, whose body is the one the hint repeats
@@ -391,11 +385,7 @@ class _Lowerer:
     """Where the staged load's element at `lane` sits in the panel: reduce index (row-major over the
     reduce dims, at the open reduce loops) times the panel's lanes, plus the lane along the vector axis."""
     index: Node = Num(lane[self.opts.vector[0]])
-    step = self.panel_lanes
-    for d in reversed(range(len(self.dims))):
-      if self.dims[d][1]:
-        index = index + self.dim_index(d, 0) * step
-        step *= self.dims[d][0]
+    for d, step in panel_strides(self.dims, self.panel_lanes).items(): index = index + self.dim_index(d, 0) * step
     return index
 
   def stage(self) -> None:

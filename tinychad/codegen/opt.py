@@ -160,11 +160,16 @@ def _reuse_axes(dims: Dims, leaves: list[LeafAccess], skip: int | None) -> list[
   return axes
 
 
+def _shared_loads(leaves: list[LeafAccess], tile: list[int]) -> list[int]:
+  """The loads inside the reduce that stay put along every tile axis (B in a matmul), by leaf index."""
+  return [i for i, leaf in enumerate(leaves) if leaf.is_load and leaf.below_reduce and all(leaf.strides[d] == 0 for d in tile)]
+
+
 def _panel_axes(dims: Dims, leaves: list[LeafAccess], tile: list[int], vec: int) -> list[int]:
   """Non-reduce axes besides the vector axis along which a load shared by the tile (stride 0 along
   every tile axis: B in a matmul) moves: with the vector axis they pick the panel of B that the tile
   axes sweep over (a matmul whose B was packed has its vector axis split in two, and both go here)."""
-  shared = [leaf for leaf in leaves if leaf.is_load and leaf.below_reduce and all(leaf.strides[d] == 0 for d in tile)]
+  shared = [leaves[i] for i in _shared_loads(leaves, tile)]
   return [d for d, (_, r) in enumerate(dims) if not r and d != vec and d not in tile
           and any(leaf.strides[d] != 0 for leaf in shared)]
 
@@ -190,7 +195,7 @@ def _vector_widths(dtypes_used: set[DType]) -> list[int]:
   return [w for w in (full, full // 2, full // 4) if w >= MIN_VECTOR_WIDTH]
 
 
-def _reduce_size(dims: Dims) -> int:
+def reduce_size(dims: Dims) -> int:
   """Elements each output point reduces over."""
   out = 1
   for size, r in dims:
@@ -200,7 +205,7 @@ def _reduce_size(dims: Dims) -> int:
 
 def _wants_tile(dims: Dims) -> bool:
   """The kernel reduces over enough elements for a register tile or extra accumulators to pay."""
-  return any(r for _, r in dims) and _reduce_size(dims) >= MIN_REDUCE_FOR_TILE
+  return any(r for _, r in dims) and reduce_size(dims) >= MIN_REDUCE_FOR_TILE
 
 
 def _vector_fits(dims: Dims, vector: Vector, count: int) -> bool:
@@ -226,6 +231,14 @@ def _build_opts(dims: Dims, leaves: list[LeafAccess], vector: Vector,
   return opts
 
 
+def panel_strides(dims: Dims, lanes: int) -> dict[int, int]:
+  """A staged panel's layout: per reduce dim, its element step (reduce index row-major, times the lanes)."""
+  step, strides = lanes, {}
+  for d in reversed(range(len(dims))):
+    if dims[d][1]: strides[d], step = step, step * dims[d][0]
+  return strides
+
+
 def stage_depth(dims: Dims, leaf: LeafAccess, opts: Opts) -> int:
   """How many of the outer loops (opts.order, outermost first) pick the panel of `leaf` that is staged:
   the copy runs inside the last loop along which leaf moves, before the loops it stays put in."""
@@ -249,12 +262,8 @@ def staging_fits(dims: Dims, leaves: list[LeafAccess], opts: Opts, i: int) -> bo
   vec = opts.vector[0]
   if leaf.strides[vec] != 1 or any(r and d in opts.upcast for d, (_, r) in enumerate(dims)): return False
   lanes = opts.upcast.get(vec, 1)
-  if _reduce_size(dims) * lanes * leaf.itemsize > STAGE_MAX_BYTES: return False
-  # the panel's own layout: reduce index (row-major over the reduce dims) times the lanes
-  step, panel_strides = lanes, {}
-  for d in reversed(range(len(dims))):
-    if dims[d][1]: panel_strides[d], step = step, step * dims[d][0]
-  if all(leaf.strides[d] == stride for d, stride in panel_strides.items()): return False
+  if reduce_size(dims) * lanes * leaf.itemsize > STAGE_MAX_BYTES: return False
+  if all(leaf.strides[d] == stride for d, stride in panel_strides(dims, lanes).items()): return False
   reuse = 1
   for d in opts.order[stage_depth(dims, leaf, opts):]: reuse *= _loop_passes(dims, opts, d)
   return reuse >= STAGE_MIN_REUSE
@@ -262,8 +271,7 @@ def staging_fits(dims: Dims, leaves: list[LeafAccess], opts: Opts, i: int) -> bo
 
 def _pick_stage(dims: Dims, leaves: list[LeafAccess], opts: Opts, tile: list[int]) -> int | None:
   """The load the register tile shares (stride 0 along every tile axis), if it alone is and fits."""
-  shared = [i for i, leaf in enumerate(leaves) if leaf.is_load and leaf.below_reduce
-            and all(leaf.strides[d] == 0 for d in tile)]
+  shared = _shared_loads(leaves, tile)
   if len(shared) != 1 or not staging_fits(dims, leaves, opts, shared[0]): return None
   return shared[0]
 
@@ -308,7 +316,7 @@ def _complete(dims: Dims, leaves: list[LeafAccess], vector: Vector) -> Opts:
   vec_is_reduce = vector is not None and dims[vector[0]][1]
   fitting = [c for c in (TILE_ROW_VECTORS, NARROW_ROW_VECTORS) if _vector_fits(dims, vector, c)]
   count = 1 if vec_is_reduce or not fitting else fitting[0]
-  short = _reduce_size(dims) <= SHORT_REDUCE
+  short = reduce_size(dims) <= SHORT_REDUCE
   budget = TILE_ROWS if count == TILE_ROW_VECTORS and not short else MAX_TILE_ACCUMULATORS // count
   vec = vector[0] if vector is not None else None
   tile = _heuristic_tile(dims, leaves, vec, budget, tails=True)
