@@ -6,24 +6,25 @@ rules the framework has.
 """
 from __future__ import annotations
 import math
+import tinychad.tensor as tensor_module   # tensor.py imports this module: Tensor is looked up at call time
 from tinychad.lazy import LazyBuffer
 from tinychad.ops import UnaryOps, BinaryOps, TernaryOps, ReduceOps
 
 
 class Function:
   def __init__(self, *tensors):
-    self.needs_input_grad = [t.requires_grad for t in tensors]
-    self.requires_grad = True if any(self.needs_input_grad) else None if None in self.needs_input_grad else False
+    self.needs_input_grad = needs = [t.requires_grad for t in tensors]
+    self.requires_grad = True if True in needs else None if None in needs else False
     if self.requires_grad: self.parents = tensors
 
   def backward(self, *args, **kwargs): raise RuntimeError(f"{type(self).__name__} has no gradient")
 
   @classmethod
   def apply(cls, *tensors, **kwargs):
-    from tinychad.tensor import Tensor
+    no_grad = tensor_module.Tensor.no_grad
     ctx = cls(*tensors)
-    out = Tensor(ctx.forward(*[t.lazydata for t in tensors], **kwargs), requires_grad=False if Tensor.no_grad else ctx.requires_grad)
-    if ctx.requires_grad and not Tensor.no_grad: out._ctx = ctx
+    out = tensor_module.Tensor.from_lazy(ctx.forward(*[t.lazydata for t in tensors], **kwargs), False if no_grad else ctx.requires_grad)
+    if ctx.requires_grad and not no_grad: out._ctx = ctx
     return out
 
 

@@ -13,7 +13,7 @@ def getenv(key: str, default=0):
 def DEBUG() -> int: return getenv("DEBUG", 0)
 
 
-def prod(xs) -> int: return math.prod(xs)
+prod = math.prod
 
 
 def argfix(*x):

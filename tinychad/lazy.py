@@ -136,7 +136,7 @@ class LazyBuffer:
 
   # ---- movement ops: each makes a view of the same base ----
   def _view(self, st: ShapeTracker) -> LazyBuffer:
-    if st == self.st: return self
+    if st.shape == self.shape and st == self.st: return self
     return LazyBuffer(self.device, st, self.dtype, base=self.base)
 
   def reshape(self, shape: tuple[int, ...]) -> LazyBuffer: return self._view(self.st.reshape(tuple(shape)))

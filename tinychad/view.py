@@ -24,8 +24,7 @@ def strides_for_shape(shape: Shape) -> tuple[int, ...]:
   return tuple(reversed(strides))
 
 
-def prod(xs) -> int:
-  return math.prod(xs)
+prod = math.prod   # not wrapped in a def: it runs for every LazyBuffer made
 
 
 @dataclass(frozen=True)

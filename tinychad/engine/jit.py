@@ -184,7 +184,7 @@ class TinyJit:
       if debug >= 2: print(f"  replay {item.name:30s} {item.output.device:6s} {(time.perf_counter() - start) * 1e6:9.1f} us")
     for tensor, after, base_shape, st in rec.assigned_after:
       tensor.lazydata = _wrap(swap[id(after)], base_shape, st)
-    outs = [Tensor(_wrap(swap[id(buf)], base_shape, st)) for buf, base_shape, st in rec.outputs]
+    outs = [Tensor.from_lazy(_wrap(swap[id(buf)], base_shape, st), None) for buf, base_shape, st in rec.outputs]
     return _rebuild(rec.structure, iter(outs))
 
 

@@ -25,7 +25,10 @@ MAX_SCHEDULES = 1024     # graph shapes remembered, least recently used forgotte
 def _arg_key(arg: Any) -> Any:
   # 0.0 == -0.0 and 1 == 1.0 == True hash alike, yet make different kernels; NaN equals nothing
   if isinstance(arg, (float, np.floating)): return ("float", float(arg).hex())
-  if isinstance(arg, tuple): return tuple(_arg_key(a) for a in arg)
+  if isinstance(arg, tuple):
+    # most arguments are axes or shapes: plain ints (not bools) key as themselves
+    if all(type(a) is int for a in arg): return arg
+    return tuple(_arg_key(a) for a in arg)
   return (type(arg).__name__, arg)
 
 
@@ -34,20 +37,26 @@ def graph_key(outs: list[LazyBuffer]) -> tuple[tuple, list[LazyBuffer]]:
   position: dict[LazyBuffer, int] = {}
   nodes: list[LazyBuffer] = []
   entries: list[tuple] = []
-  # depth first, sources before their users; a graph a few thousand ops deep must not recurse
-  stack = [(out, False) for out in reversed(outs)]
+  # depth first, sources before their users; a graph a few thousand ops deep must not recurse. A
+  # buffer stays on the stack until its sources have positions, then takes the next one.
+  stack = list(reversed(outs))
   while stack:
-    lb, ready = stack.pop()
-    if lb in position: continue
+    lb = stack[-1]
+    if lb in position:
+      stack.pop()
+      continue
     base = lb._base
     sources = (base,) if base is not None else lb.srcs if lb.realized is None else ()
-    if not ready:
-      stack.append((lb, True))
-      stack.extend((src, False) for src in reversed(sources) if src not in position)
-      continue
+    ready = True
+    for src in reversed(sources):
+      if src not in position:
+        stack.append(src)
+        ready = False
+    if not ready: continue
+    stack.pop()
     if base is not None: entry: tuple = (lb.st, position[base])
     elif lb.realized is not None: entry = (lb.device, lb.dtype, lb.shape)
-    else: entry = (lb.op, _arg_key(lb.arg), lb.dtype, lb.device, lb.shape, tuple(position[s] for s in sources))
+    else: entry = (lb.op, _arg_key(lb.arg), lb.dtype, lb.device, lb.shape, tuple(map(position.__getitem__, sources)))
     position[lb] = len(nodes)
     nodes.append(lb)
     entries.append(entry)

@@ -111,7 +111,7 @@ def _compiler_works(cc: str) -> bool:
 class CPUDevice:
   def __init__(self, name: str):
     self.name = name
-    self.programs: dict = {}      # (kernel tree, name) -> (ctypes function, parallel extent)
+    self.programs: dict = {}      # (kernel tree, name) -> (ctypes function, parallel extent, its address)
 
   @staticmethod
   def available() -> bool:
@@ -119,7 +119,7 @@ class CPUDevice:
     return cc is not None and _compiler_works(cc)
 
   def _build(self, item) -> tuple:
-    """(C function, parallel extent) for a kernel: from its record when this kernel was built before
+    """(C function, parallel extent, the function's address) for a kernel: from its record when this kernel was built before
     (no lowering, no rendering), else lowered, rendered and compiled, and its record written."""
     cc = find_c_compiler() or ""
     key = cache_key(tree_text(item.ast), item.name, code_version(), cc, " ".join(compile_flags()),
@@ -137,7 +137,7 @@ class CPUDevice:
     fn = getattr(lib, item.name)
     fn.restype = None
     fn.argtypes = [ctypes.c_void_p] * record["buffers"] + [ctypes.c_int64, ctypes.c_int64]
-    return fn, record["parallel"]
+    return fn, record["parallel"], ctypes.cast(fn, ctypes.c_void_p).value
 
   def program(self, item):
     key = (item.ast, item.name)
@@ -153,8 +153,8 @@ class CPUDevice:
       for key, built in zip(todo, pool.map(self._build, todo.values())): self.programs[key] = built
 
   def exec(self, item, bufs) -> None:
-    fn, extent = self.program(item)
-    run_parallel(fn, [b.allocate().address for b in bufs], extent, item.points)
+    fn, extent, address = self.program(item)
+    run_parallel(fn, [b.allocate().address for b in bufs], extent, item.points, address)
 
 
 def device_class(): return CPUDevice

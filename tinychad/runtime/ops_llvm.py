@@ -84,8 +84,8 @@ class CompiledKernel:
     self.engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), _target_machine())
     self.engine.add_object_file(llvm.ObjectFileRef.from_data(obj))
     self.engine.finalize_object()
-    address = self.engine.get_function_address(name)
-    self.fn = ctypes.CFUNCTYPE(None, *[ctypes.c_void_p] * n_buffers, ctypes.c_int64, ctypes.c_int64)(address)
+    self.address = self.engine.get_function_address(name)
+    self.fn = ctypes.CFUNCTYPE(None, *[ctypes.c_void_p] * n_buffers, ctypes.c_int64, ctypes.c_int64)(self.address)
 
 
 @functools.lru_cache(maxsize=None)
@@ -161,7 +161,7 @@ class LLVMDevice:
 
   def exec(self, item, bufs) -> None:
     kernel = self.program(item)
-    run_parallel(kernel.fn, [b.allocate().address for b in bufs], kernel.parallel, item.points)
+    run_parallel(kernel.fn, [b.allocate().address for b in bufs], kernel.parallel, item.points, kernel.address)
 
 
 def device_class(): return LLVMDevice
