@@ -7,6 +7,7 @@ rules the framework has.
 from __future__ import annotations
 import math
 import tinychad.tensor as tensor_module   # tensor.py imports this module: Tensor is looked up at call time
+from tinychad.dtype import dtypes
 from tinychad.lazy import LazyBuffer
 from tinychad.ops import UnaryOps, BinaryOps, TernaryOps, ReduceOps
 
@@ -245,6 +246,45 @@ class Max(Function):
     is_max = _bool_to(self.x.e(BinaryOps.CMPEQ, self.ret.expand(self.x.shape)), grad)
     count = is_max.r(ReduceOps.SUM, self.axis).expand(self.x.shape)
     return is_max.e(BinaryOps.DIV, count).e(BinaryOps.MUL, grad.expand(self.x.shape))
+
+
+# ---- matrix product ----
+class Matmul(Function):
+  """x (..., n, k) @ w (..., k, m), equal batch axes (the caller broadcasts them):
+  out[..., i, j] = sum over r of x[..., i, r] * w[..., r, j].
+  Both are seen as (..., n, m, k) through broadcast views (no copies), multiplied, and summed over the
+  last axis, so the reduce runs along k and SIMD lanes along m (codegen/opt.py's register tile). One
+  Function rather than the eight movement and arithmetic ops it records: a matmul is recorded often
+  enough that their Python (~20 us a call) is worth saving. Integers are summed as int64, as Tensor.sum does."""
+  def forward(self, x: LazyBuffer, w: LazyBuffer) -> LazyBuffer:
+    *batch, n, k = x.shape
+    m, self.lead = w.shape[-1], tuple(batch)
+    self.full = self.lead + (n, m, k)
+    self.rows = x.reshape(self.lead + (n, 1, k)).expand(self.full)
+    self.columns = _swap_last(w).reshape(self.lead + (1, m, k)).expand(self.full)
+    product = self.rows.e(BinaryOps.MUL, self.columns)
+    if not product.dtype.is_float: product = product.cast(dtypes.int64)
+    return product.r(ReduceOps.SUM, (len(self.full) - 1,)).reshape(self.lead + (n, m))
+
+  def backward(self, grad: LazyBuffer):
+    # as for the broadcast multiply and sum it is: each operand's gradient is the other one times the
+    # output's gradient, summed over the axis that operand was broadcast along (m for x, n for w).
+    # That is grad @ w^T, and x^T @ grad computed as (grad^T @ x)^T: a Linear layer's weight (out, in),
+    # used as w = weight.T, gets its gradient in its own layout, so the optimizer's update reads it in order.
+    *_, n, m, k = self.full
+    n_axis, m_axis = len(self.lead), len(self.lead) + 1
+    spread = grad.reshape(grad.shape + (1,)).expand(self.full)
+    grad_x = grad_w = None
+    if self.needs_input_grad[0]:
+      grad_x = self.columns.e(BinaryOps.MUL, spread).r(ReduceOps.SUM, (m_axis,)).reshape(self.lead + (n, k))
+    if self.needs_input_grad[1]:
+      grad_w = _swap_last(self.rows.e(BinaryOps.MUL, spread).r(ReduceOps.SUM, (n_axis,)).reshape(self.lead + (m, k)))
+    return grad_x, grad_w
+
+
+def _swap_last(x: LazyBuffer) -> LazyBuffer:
+  order = tuple(range(len(x.shape) - 2)) + (len(x.shape) - 1, len(x.shape) - 2)
+  return x.permute(order)
 
 
 # ---- movement ----

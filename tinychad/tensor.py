@@ -964,10 +964,8 @@ class Tensor:
     x_shape, w_shape = x.shape, w.shape
     batch = _broadcast_shape(x_shape[:-2], w_shape[:-2], "matmul") if len(x_shape) > 2 or len(w_shape) > 2 else ()
     n, k, m = x_shape[-2], x_shape[-1], w_shape[-1]
-    # out[..., i, j] = sum over r of x[..., i, r] * w[..., r, j]: both as (..., n, m, k), the reduce axis last
-    xb = x._broadcast_to(batch + (n, k)).reshape(batch + (n, 1, k))._broadcast_to(batch + (n, m, k))
-    wb = w._broadcast_to(batch + (k, m)).transpose(-1, -2).reshape(batch + (1, m, k))._broadcast_to(batch + (n, m, k))
-    out = (xb * wb).sum(-1, dtype=dtype if dtype.is_float else None)
+    # the batch axes broadcast here, so their gradient sums come from Expand's backward
+    out = F.Matmul.apply(x._broadcast_to(batch + (n, k)), w._broadcast_to(batch + (k, m)))
     if x_vec: out = out.squeeze(-2)
     if w_vec: out = out.squeeze(-1)
     return out
