@@ -1,8 +1,9 @@
 """Workload 1: square fp32 matmul, C = A @ B, in GFLOP/s (2*n^3 flops per call).
 
 Two rows per size: eager (`(a @ b).realize()`: builds the lazy graph and schedules it on every call,
-~0.1 ms of Python in tinychad, an eighth of the 512 case on 2 threads) and TinyJit (the same call
-replayed: the kernels alone, as in a jitted training step), the latter next to numpy only.
+~50 us of Python in tinychad, ~85 us right after a kernel has filled the caches with its matrices: a
+tenth of the 512 case on 2 threads) and TinyJit (the same call replayed: the kernels alone, as in a
+jitted training step), the latter next to numpy only.
 """
 import sys
 from pathlib import Path
