@@ -59,19 +59,17 @@ class Buffer:
   def nbytes(self) -> int: return self.size * self.dtype.itemsize
 
   def allocate(self) -> Buffer:
-    if self._data is None:
+    if self._memory is None:
       self._memory, self.address = memory_pool.take(self.nbytes)   # address: what kernels are called with
-      self._data = self._memory.view(self.dtype.np)
     return self
 
   def copyin(self, array: np.ndarray) -> Buffer:
-    self.allocate()
-    self._data[:] = array.reshape(-1)
+    self.as_numpy()[:] = array.reshape(-1)
     return self
 
   def as_numpy(self) -> np.ndarray:
-    """The buffer's memory as a flat numpy array (no copy)."""
-    self.allocate()
+    """The buffer's memory as a flat numpy array (no copy); made on first use, as kernels need only the address."""
+    if self._data is None: self._data = self.allocate()._memory.view(self.dtype.np)
     return self._data
 
 

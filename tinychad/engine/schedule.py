@@ -56,17 +56,19 @@ class ScheduleItem:
   ast: KernelNode                  # STORE root for compute kernels; a LoadOps node for EMPTY / COPY
   output: LazyBuffer               # the base this item realizes
   inputs: tuple[LazyBuffer, ...]   # bases read, as LOAD buffer numbers 1..n
-  # (name, iteration space, ops per point, points): looked up on first use, then read per run
-  _info: tuple[str, tuple[int, ...], int, int] | None = field(default=None, init=False, repr=False, compare=False)
+  # (name, iteration space, ops per point, points, bytes read and written): looked up on first use, then
+  # read per run
+  _info: tuple[str, tuple[int, ...], int, int, int] | None = field(default=None, init=False, repr=False, compare=False)
 
   @property
   def is_kernel(self) -> bool: return self.ast.op is BufferOps.STORE
 
   @property
-  def info(self) -> tuple[str, tuple[int, ...], int, int]:
+  def info(self) -> tuple[str, tuple[int, ...], int, int, int]:
     if self._info is None:
       name, full_shape, op_count = _kernel_info(self.ast, self.output.shape)
-      self._info = (name, full_shape, op_count, prod(full_shape))
+      moved = sum(buf.size * buf.dtype.itemsize for buf in (self.output,) + self.inputs)
+      self._info = (name, full_shape, op_count, prod(full_shape), moved)
     return self._info
 
   @property
@@ -508,9 +510,8 @@ def _prepare(items: list[ScheduleItem]) -> None:
 
 
 def _count(item: ScheduleItem, elapsed: float) -> None:
+  _, _, op_count, points, moved = item.info
   GlobalCounters.kernel_count += 1
-  GlobalCounters.global_ops += item.op_count * item.points
-  moved = item.output.size * item.output.dtype.itemsize
-  for i in item.inputs: moved += i.size * i.dtype.itemsize
+  GlobalCounters.global_ops += op_count * points
   GlobalCounters.global_mem += moved
   GlobalCounters.time_sum_s += elapsed
