@@ -119,8 +119,9 @@ class CPUDevice:
     return cc is not None and _compiler_works(cc)
 
   def _build(self, item) -> tuple:
-    """(C function, parallel extent, the function's address) for a kernel: from its record when this kernel was built before
-    (no lowering, no rendering), else lowered, rendered and compiled, and its record written."""
+    """(C function, parallel extent, the function's address) for a kernel: from its record when this
+    kernel was built before (no lowering, no rendering), else lowered, rendered and compiled, and its
+    record written."""
     cc = find_c_compiler() or ""
     key = cache_key(tree_text(item.ast), item.name, code_version(), cc, " ".join(compile_flags()),
                     os.getenv("NOOPT", ""), os.getenv("BEAM", ""))
