@@ -24,7 +24,8 @@ class Function:
   def apply(cls, *tensors, **kwargs):
     no_grad = tensor_module.Tensor.no_grad
     ctx = cls(*tensors)
-    out = tensor_module.Tensor.from_lazy(ctx.forward(*[t.lazydata for t in tensors], **kwargs), False if no_grad else ctx.requires_grad)
+    result = ctx.forward(*[t.lazydata for t in tensors], **kwargs)
+    out = tensor_module.Tensor.from_lazy(result, False if no_grad else ctx.requires_grad)
     if ctx.requires_grad and not no_grad: out._ctx = ctx
     return out
 
