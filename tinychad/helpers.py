@@ -13,7 +13,7 @@ def getenv(key: str, default=0):
 def DEBUG() -> int: return getenv("DEBUG", 0)
 
 
-prod = math.prod
+prod = math.prod   # not wrapped in a def: it runs for every LazyBuffer made
 
 
 def argfix(*x):

@@ -15,8 +15,8 @@ from __future__ import annotations
 import numpy as np
 from tinychad.dtype import DType, dtypes
 from tinychad.ops import UnaryOps, TernaryOps, ReduceOps, LoadOps, COMPARISONS, Op
-from tinychad.helpers import getenv
-from tinychad.view import ShapeTracker, prod
+from tinychad.helpers import getenv, prod
+from tinychad.view import ShapeTracker
 
 # a reduce with this many inputs per output (or more) and fewer than SPLIT_PARTS outputs is split in two
 SPLIT_MIN_REDUCE = 1 << 17

@@ -959,7 +959,7 @@ class Tensor:
     x_vec, w_vec = len(x_shape) == 1, len(w_shape) == 1
     if x_vec: x = x.unsqueeze(0)
     if w_vec: w = w.unsqueeze(1)
-    dtype = x.dtype if x.dtype is w.dtype else promote_types(x.dtype, w.dtype)
+    dtype = promote_types(x.dtype, w.dtype)
     x, w = x.cast(dtype), w.cast(dtype)
     x_shape, w_shape = x.shape, w.shape
     batch = _broadcast_shape(x_shape[:-2], w_shape[:-2], "matmul") if len(x_shape) > 2 or len(w_shape) > 2 else ()

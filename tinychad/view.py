@@ -9,8 +9,8 @@ ints, numpy index arrays (the numpy device) and symbolic nodes (the code generat
 from __future__ import annotations
 from dataclasses import dataclass
 import functools
-import math
 from typing import Any, Callable
+from tinychad.helpers import prod
 
 Shape = tuple[int, ...]
 
@@ -22,9 +22,6 @@ def strides_for_shape(shape: Shape) -> tuple[int, ...]:
     strides.append(acc if size != 1 else 0)
     acc *= size
   return tuple(reversed(strides))
-
-
-prod = math.prod   # not wrapped in a def: it runs for every LazyBuffer made
 
 
 @dataclass(frozen=True)
