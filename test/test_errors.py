@@ -27,6 +27,7 @@ def test_broadcast_mismatch():
 def test_matmul_mismatch_names_shapes_and_dtypes():
   with raises(ValueError, "matmul", "(2, 3)", "(4, 5)", "float32"): Tensor.ones(2, 3) @ Tensor.ones(4, 5)
   with raises(ValueError, "matmul", "1 dim"): Tensor.ones(()) @ Tensor.ones(3)
+  with raises(TypeError, "matmul", "bool", "(2, 3)", "(3,)"): Tensor.ones(2, 3).bool() @ Tensor.ones(3).bool()
 
 
 def test_reshape_invalid():

@@ -323,6 +323,14 @@ def test_matmul_int_and_mixed():
   compare([a, (3, 2)], lambda x, y: x @ y if isinstance(x, Tensor) else x.float() @ y)
 
 
+@pytest.mark.parametrize("dtype", [np.int8, np.uint8, np.int16, np.int32])
+def test_integer_matmul_keeps_its_dtype_and_wraps(dtype):
+  # 100 * 100 * 3 = 30000 overflows the 8-bit types: PyTorch wraps in the operands' dtype
+  a, b = np.full((2, 3), 100, dtype), np.full((3, 4), 100, dtype)
+  compare([a, b], lambda x, y: x @ y)
+  compare([a[0], b], lambda x, y: x @ y)
+
+
 def test_dot():
   compare([(4,), (4,)], lambda x, y: torch.dot(x, y), lambda x, y: x.dot(y))
 

@@ -256,7 +256,8 @@ class Matmul(Function):
   Both are seen as (..., n, m, k) through broadcast views (no copies), multiplied, and summed over the
   last axis, so the reduce runs along k and SIMD lanes along m (codegen/opt.py's register tile). One
   Function rather than the eight movement and arithmetic ops it records: a matmul is recorded often
-  enough that their Python (~20 us a call) is worth saving. Integers are summed as int64, as Tensor.sum does."""
+  enough that their Python (~20 us a call) is worth saving. Integers are summed as int64 and cast back to
+  their own dtype, which wraps as PyTorch's integer matmul does (sums modulo 2^bits agree either way)."""
   def forward(self, x: LazyBuffer, w: LazyBuffer) -> LazyBuffer:
     *batch, n, k = x.shape
     m, self.lead = w.shape[-1], tuple(batch)
@@ -264,8 +265,9 @@ class Matmul(Function):
     self.rows = x.reshape(self.lead + (n, 1, k)).expand(self.full)
     self.columns = _swap_last(w).reshape(self.lead + (1, m, k)).expand(self.full)
     product = self.rows.e(BinaryOps.MUL, self.columns)
-    if not product.dtype.is_float: product = product.cast(dtypes.int64)
-    return product.r(ReduceOps.SUM, (len(self.full) - 1,)).reshape(self.lead + (n, m))
+    if product.dtype.is_float: return product.r(ReduceOps.SUM, (len(self.full) - 1,)).reshape(self.lead + (n, m))
+    total = product.cast(dtypes.int64).r(ReduceOps.SUM, (len(self.full) - 1,))
+    return total.cast(x.dtype).reshape(self.lead + (n, m))
 
   def backward(self, grad: LazyBuffer):
     # as for the broadcast multiply and sum it is: each operand's gradient is the other one times the

@@ -960,6 +960,8 @@ class Tensor:
     if x_vec: x = x.unsqueeze(0)
     if w_vec: w = w.unsqueeze(1)
     dtype = promote_types(x.dtype, w.dtype)
+    if dtype == dtypes.bool:    # as in PyTorch: a product of booleans has no sum of its own dtype
+      raise TypeError(f"matmul: bool tensors can't be multiplied, shapes {_shape_str(x_shape)} and {_shape_str(w_shape)}, dtypes {self.dtype} and {w.dtype}; cast one to an int or float dtype")
     x, w = x.cast(dtype), w.cast(dtype)
     x_shape, w_shape = x.shape, w.shape
     batch = _broadcast_shape(x_shape[:-2], w_shape[:-2], "matmul") if len(x_shape) > 2 or len(w_shape) > 2 else ()
