@@ -2,7 +2,7 @@
 from __future__ import annotations
 import numpy as np
 from tinychad import Tensor, GlobalCounters
-from tinychad.ops import LoadOps, ReduceOps
+from tinychad.ops import ReduceOps
 
 
 def kernels(*tensors: Tensor) -> int:
