@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 from tinychad import Tensor
 from tinychad.codegen import linearize, UOps
-from tinychad.codegen.opt import REDUCE_UNROLL, STAGE_MAX_BYTES, TILE_ROWS, panel_width, simd_bytes
+from tinychad.codegen.opt import (REDUCE_UNROLL, STAGE_MAX_BYTES, TILE_ROWS, TRANSPOSE_LINE_BYTES, TRANSPOSE_STORE_LANES,
+                                  panel_width, simd_bytes)
 from tinychad.dtype import dtypes
 from tinychad.engine.schedule import PACK_MIN_STRIDE_BYTES, create_schedule
 from tinychad.ops import BufferOps
@@ -92,6 +93,31 @@ def test_reduces(mode, shape, axis):
   _check(lambda t: t.softmax(-1), x)
   # integer sums keep their exact value whatever the order
   _check(lambda t: t.sum(axis), rng.integers(-1000, 1000, size=shape, dtype=np.int32))
+
+
+TRANSPOSES = [((64, 48), np.float32), ((33, 80), np.float32), ((40, 24), np.float64), ((32, 48), np.int8),
+              ((48, 16), np.bool_), ((5, 16, 3), np.int32)]
+
+
+@pytest.mark.parametrize("shape,dtype", TRANSPOSES, ids=[f"{s}-{np.dtype(d).name}" for s, d in TRANSPOSES])
+def test_transposing_copies(mode, shape, dtype):
+  # blocks of a cache line by a few elements, or lines along the load with a plain store loop when the
+  # store's axis (33) isn't a multiple of the block
+  x = rng.standard_normal(shape).astype(dtype) if dtype != np.bool_ else rng.random(shape) > 0.5
+  _check(lambda t: t.T.contiguous(), x)
+  _check(lambda t: t.T * 2 + t.T.contiguous(), x)
+  channels_last = rng.standard_normal((2, 5, 7, 32), dtype=np.float32)
+  _check(lambda t: t.permute(0, 3, 1, 2).contiguous().relu(), channels_last)
+
+
+def test_transpose_moves_a_block_per_step(monkeypatch):
+  monkeypatch.setenv("NOOPT", "0")
+  x = Tensor.rand(64, 64, device="NUMPY")
+  (item,) = [it for it in create_schedule([x.T.contiguous().lazydata]) if it.is_kernel]
+  stores = [u for u in linearize(item.ast, item.name).uops if u.op is UOps.STORE]
+  assert len(stores) == (TRANSPOSE_LINE_BYTES // 4) * TRANSPOSE_STORE_LANES
+  monkeypatch.setenv("NOOPT", "1")
+  assert sum(1 for u in linearize(item.ast, item.name).uops if u.op is UOps.STORE) == 1
 
 
 def test_max_keeps_nan(mode):
