@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 from tinychad import Tensor
 from tinychad.codegen import linearize, UOps
-from tinychad.codegen.opt import (REDUCE_UNROLL, STAGE_MAX_BYTES, TILE_ROWS, TRANSPOSE_LINE_BYTES, TRANSPOSE_STORE_LANES,
-                                  panel_width, simd_bytes)
+from tinychad.codegen.opt import (REDUCE_UNROLL, STAGE_MAX_BYTES, TILE_ROWS, TRANSPOSE_LINE_BYTES, TRANSPOSE_MIN_POINTS,
+                                  TRANSPOSE_STORE_LANES, panel_width, simd_bytes)
 from tinychad.dtype import dtypes
 from tinychad.engine.schedule import PACK_MIN_STRIDE_BYTES, create_schedule
 from tinychad.ops import BufferOps
@@ -95,24 +95,28 @@ def test_reduces(mode, shape, axis):
   _check(lambda t: t.sum(axis), rng.integers(-1000, 1000, size=shape, dtype=np.int32))
 
 
-TRANSPOSES = [((64, 48), np.float32), ((33, 80), np.float32), ((40, 24), np.float64), ((32, 48), np.int8),
-              ((48, 16), np.bool_), ((5, 16, 3), np.int32)]
+# at least TRANSPOSE_MIN_POINTS elements each, so the block is used (opts are not part of the kernel record's key)
+TRANSPOSES = [((512, 512), np.float32), ((516, 512), np.float32), ((512, 512), np.float64), ((512, 512), np.int8)]
 
 
 @pytest.mark.parametrize("shape,dtype", TRANSPOSES, ids=[f"{s}-{np.dtype(d).name}" for s, d in TRANSPOSES])
 def test_transposing_copies(mode, shape, dtype):
-  # blocks of a cache line by a few elements, or lines along the load with a plain store loop when the
-  # store's axis (33) isn't a multiple of the block
-  x = rng.standard_normal(shape).astype(dtype) if dtype != np.bool_ else rng.random(shape) > 0.5
+  # blocks of a cache line by TRANSPOSE_STORE_LANES, or lines along the load with a plain store loop
+  # when the store's axis (516) isn't a multiple of those
+  assert shape[0] * shape[1] >= TRANSPOSE_MIN_POINTS
+  x = rng.standard_normal(shape).astype(dtype)
   _check(lambda t: t.T.contiguous(), x)
   _check(lambda t: t.T * 2 + t.T.contiguous(), x)
-  channels_last = rng.standard_normal((2, 5, 7, 32), dtype=np.float32)
+
+
+def test_channels_last_to_nchw_copy(mode):
+  channels_last = rng.standard_normal((16, 16, 16, 64), dtype=np.float32)
   _check(lambda t: t.permute(0, 3, 1, 2).contiguous().relu(), channels_last)
 
 
 def test_transpose_moves_a_block_per_step(monkeypatch):
   monkeypatch.setenv("NOOPT", "0")
-  x = Tensor.rand(64, 64, device="NUMPY")
+  x = Tensor.rand(512, 512, device="NUMPY")
   (item,) = [it for it in create_schedule([x.T.contiguous().lazydata]) if it.is_kernel]
   stores = [u for u in linearize(item.ast, item.name).uops if u.op is UOps.STORE]
   assert len(stores) == (TRANSPOSE_LINE_BYTES // 4) * TRANSPOSE_STORE_LANES

@@ -12,9 +12,9 @@ The heuristics, in order (every choice divides its axis, except a register tile'
     elements (stride 1) and, when it is not a reduce axis, the store writes consecutive elements;
     a non-reduce axis wins over a reduce axis (no horizontal sum at the end); the full SIMD width
     first, then half and a quarter of it;
-  - transpose block (an elementwise kernel without a vector axis whose load runs along another axis
-    than its store): a cache line along the load's axis and a few elements along the store's are
-    unrolled, the store's axis innermost;
+  - transpose block (a large elementwise kernel without a vector axis whose load runs along another
+    axis than its store): a cache line along the load's axis and a few elements along the store's
+    are unrolled, the store's axis innermost;
   - register tile (kernels with a reduce): a non-reduce axis along which a load is reused (stride 0)
     is unrolled, so each loaded value feeds several accumulators: the matmul micro-kernel, found
     from strides alone, so convolutions and their gradients get it too; TILE_ROWS rows of
@@ -79,6 +79,7 @@ REDUCE_UNROLL = 4
 # included); eager 1024^3 (packed ahead before) 314-318 -> 328-350 GFLOP/s, 2048^3 338-370 -> 370-386
 STAGE_MAX_BYTES = 512 * 1024
 TRANSPOSE_LINE_BYTES = 64      # a cache line: what one step of a transposing copy reads (_transpose_opts)
+TRANSPOSE_MIN_POINTS = 1 << 18  # smaller transposing kernels keep plain loops (a 0.2 s compile to save < 30 us)
 TRANSPOSE_BLOCK = 16           # at most this many elements of a line along the load's axis
 TRANSPOSE_STORE_LANES = 8      # elements along the store's axis per step: 16x8 copies unrolled compile in
                                # ~0.19 s with gcc and run within 10% of 16x16, which take 0.4 s
@@ -200,6 +201,13 @@ def _vector_widths(dtypes_used: set[DType]) -> list[int]:
   """The SIMD widths worth trying, widest first: a full register, half and a quarter of one."""
   full = simd_bytes() // max(dt.itemsize for dt in dtypes_used)
   return [w for w in (full, full // 2, full // 4) if w >= MIN_VECTOR_WIDTH]
+
+
+def _points(dims: Dims) -> int:
+  """Points of the kernel's iteration space."""
+  out = 1
+  for size, _ in dims: out *= size
+  return out
 
 
 def reduce_size(dims: Dims) -> int:
@@ -324,6 +332,8 @@ def _transpose_opts(dims: Dims, leaves: list[LeafAccess]) -> Opts | None:
   innermost either way). Each step reads whole lines and writes half lines that the next step
   completes, however far apart the rows are (1024x1024: 3.3 -> 0.43 ms on 2 threads)."""
   if any(r for _, r in dims) or any(None in leaf.strides for leaf in leaves): return None
+  # the unrolled block costs gcc ~0.2-0.4 s to compile: worth it only for a copy that takes a while
+  if _points(dims) < TRANSPOSE_MIN_POINTS: return None
   store = next(leaf for leaf in leaves if leaf.is_store)
   if 1 not in store.strides: return None
   inner = store.strides.index(1)
