@@ -15,10 +15,10 @@ import pytest
 from tinychad import Tensor
 from tinychad.codegen import linearize, UOps
 from tinychad.codegen.opt import (REDUCE_UNROLL, STAGE_MAX_BYTES, TILE_ROWS, TRANSPOSE_LINE_BYTES, TRANSPOSE_MIN_POINTS,
-                                  TRANSPOSE_STORE_LANES, panel_width, simd_bytes)
+                                  TRANSPOSE_STORE_LANES, LeafAccess, choose_opts, panel_width, simd_bytes)
 from tinychad.dtype import dtypes
 from tinychad.engine.schedule import PACK_MIN_STRIDE_BYTES, create_schedule
-from tinychad.ops import BufferOps
+from tinychad.ops import BinaryOps, BufferOps
 from tinychad.runtime import threads
 from tinychad.renderer.cstyle import render_c
 from tinychad.renderer.llvmir import render_llvm
@@ -69,16 +69,20 @@ def test_tail_tile_with_fused_consumer(mode, n, k, m):
   _check(lambda x, y: (x @ y).relu() * 2, a, b)
 
 
-# 64 output channels: 4 vectors of lanes, tiles of 6 positions and a tail
-@pytest.mark.parametrize("shape,stride,pad,cout", [((2, 3, 12, 12), 1, 0, 8), ((3, 2, 9, 11), 2, 1, 8), ((2, 3, 9, 9), 1, 1, 64)])
-def test_conv_forward_backward(mode, shape, stride, pad, cout):
-  x, w = rng.standard_normal(shape, dtype=np.float32), rng.standard_normal((cout, shape[1], 3, 3), dtype=np.float32)
+# 64 output channels: 4 vectors of lanes, tiles of 6 positions and a tail; 5x5 windows: tiles of 5 rows
+CONVS = [((2, 3, 12, 12), 1, 0, 8, 3), ((3, 2, 9, 11), 2, 1, 8, 3), ((2, 3, 9, 9), 1, 1, 64, 3), ((4, 1, 14, 14), 1, 0, 32, 5),
+         ((2, 4, 12, 12), 1, 2, 16, 5)]
+
+
+@pytest.mark.parametrize("shape,stride,pad,cout,k", CONVS)
+def test_conv_forward_backward(mode, shape, stride, pad, cout, k):
+  x, w = rng.standard_normal(shape, dtype=np.float32), rng.standard_normal((cout, shape[1], k, k), dtype=np.float32)
 
   def grads(xt, wt):
-    wt.requires_grad = True
+    xt.requires_grad = wt.requires_grad = True
     out = xt.conv2d(wt, stride=stride, padding=pad).relu()
-    out.sum().backward()
-    return out.flatten().cat(wt.grad.flatten())
+    (out * out).sum().backward()
+    return out.flatten().cat(wt.grad.flatten(), xt.grad.flatten())
   _check(grads, x, w, tol=1e-3)
 
 
@@ -169,6 +173,19 @@ def test_matmul_gets_vector_and_tile(monkeypatch):
   assert "#pragma" not in render_c(program)
 
 
+def test_five_row_window_gets_a_five_row_tile():
+  # a 5x5 convolution's weight gradient (one input channel): outputs (ky, kx, cout), reduced over
+  # (batch, positions); the gradient vector is the same for every (ky, kx), so a register tile along
+  # ky shares it. 5 has no divisor among 8, 6, 4, 3, 2: without 5 in TILE_AMOUNTS there was no tile.
+  dims = [(5, False), (5, False), (32, False), (8, True), (576, True)]
+  leaves = [LeafAccess((160, 32, 1, 0, 0), is_load=False, is_store=True, below_reduce=False),
+            LeafAccess((28, 1, 0, 784, 1), is_load=True, is_store=False, below_reduce=True),
+            LeafAccess((0, 0, 1, 18432, 32), is_load=True, is_store=False, below_reduce=True)]
+  opts = choose_opts(dims, leaves, {dtypes.float32}, {BinaryOps.MUL, BinaryOps.ADD})
+  assert opts.vector is not None and opts.vector[0] == 2
+  assert opts.upcast.get(0) == 5 or opts.upcast.get(1) == 5
+
+
 def test_batched_matmul_threads_split_the_batch(monkeypatch):
   """Each (batch, head) of attention's q @ k^T is its own matmul: the batch axis goes outermost (the
   loop the threads split); a plain matmul's weights don't move along its batch, so it stays inside."""
@@ -210,10 +227,10 @@ def test_register_tile_shapes(monkeypatch):
   program = linearize(item.ast, item.name, opts)
   assert [u.arg[1] for u in program.uops if u.op is UOps.RANGE and u.arg[0].startswith("gidx")] == [2, 100 // TILE_ROWS]
   assert sum(1 for u in program.uops if u.op is UOps.DEFINE_ACC) == 6 * 4 + 4 * 4
-  # with no loop outside it (one panel), a tail would run once per thread: 4 rows divide 100 instead
+  # with no loop outside it (one panel), a tail would run once per thread: 5 rows divide 100 instead
   _, opts = _matmul_opts(100, 256, TILE_ROW_VECTORS * lanes)
   (rows,) = [amount for d, amount in opts.upcast.items() if d != opts.vector[0]]
-  assert rows == 4
+  assert rows == 5
 
 
 @pytest.mark.parametrize("extent,parts", [(10, 3), (2, 2), (7, 1), (100, 8)])

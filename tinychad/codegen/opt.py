@@ -56,7 +56,7 @@ VECTOR_DTYPES = {dtypes.float32, dtypes.float64, dtypes.int32, dtypes.int64, dty
 SCALAR_ONLY_OPS = {UnaryOps.BITCAST}
 MIN_VECTOR_WIDTH = 4          # narrower vectors aren't worth their shuffles
 MIN_REDUCE_FOR_TILE = 16       # shorter reductions are not worth a register tile
-TILE_AMOUNTS = (8, 6, 4, 3, 2)       # register-tile unroll per reuse axis, the first that fits wins
+TILE_AMOUNTS = (8, 7, 6, 5, 4, 3, 2) # register-tile unroll per reuse axis, the first that fits wins
 # vector accumulators a tile may hold, unless it is TILE_ROWS x TILE_ROW_VECTORS. 12x32 (24 accumulators)
 # runs no faster than 8x32: its 12 rows of A, a power of two apart, share L1 sets. 6x64 is 7-10%
 # faster than 8x32 at 512-2048 on one core of this Xeon (C harness, packed B: 8x32 161-168 GFLOP/s,
