@@ -178,7 +178,7 @@ def test_matmul_gets_vector_and_tile(monkeypatch):
 def test_five_row_window_gets_a_five_row_tile():
   # a 5x5 convolution's weight gradient (one input channel): outputs (ky, kx, cout), reduced over
   # (batch, positions); the gradient vector is the same for every (ky, kx), so a register tile along
-  # ky shares it. none of 8, 6, 4, 3, 2 divides 5: without 5 in TILE_AMOUNTS there was no tile.
+  # ky shares it. None of 8, 6, 4, 3, 2 divides 5: without 5 in TILE_AMOUNTS there was no tile.
   dims = [(5, False), (5, False), (32, False), (8, True), (576, True)]
   leaves = [LeafAccess((160, 32, 1, 0, 0), is_load=False, is_store=True, below_reduce=False),
             LeafAccess((28, 1, 0, 784, 1), is_load=True, is_store=False, below_reduce=True),
