@@ -47,7 +47,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, field
 from tinychad.dtype import DType, dtypes
-from tinychad.helpers import getenv
+from tinychad.helpers import getenv, prod
 from tinychad.ops import Op, UnaryOps
 
 # dtypes a SIMD value may hold: the renderers have vector types for these (half keeps per-op rounding scalar)
@@ -203,13 +203,6 @@ def _vector_widths(dtypes_used: set[DType]) -> list[int]:
   return [w for w in (full, full // 2, full // 4) if w >= MIN_VECTOR_WIDTH]
 
 
-def _points(dims: Dims) -> int:
-  """Points of the kernel's iteration space."""
-  out = 1
-  for size, _ in dims: out *= size
-  return out
-
-
 def reduce_size(dims: Dims) -> int:
   """Elements each output point reduces over."""
   out = 1
@@ -333,7 +326,7 @@ def _transpose_opts(dims: Dims, leaves: list[LeafAccess]) -> Opts | None:
   completes, however far apart the rows are (1024x1024: 3.3 -> 0.43 ms on 2 threads)."""
   if any(r for _, r in dims) or any(None in leaf.strides for leaf in leaves): return None
   # the unrolled block costs gcc ~0.2-0.4 s to compile: worth it only for a copy that takes a while
-  if _points(dims) < TRANSPOSE_MIN_POINTS: return None
+  if prod(size for size, _ in dims) < TRANSPOSE_MIN_POINTS: return None
   store = next(leaf for leaf in leaves if leaf.is_store)
   if 1 not in store.strides: return None
   inner = store.strides.index(1)
@@ -350,8 +343,8 @@ def _transpose_opts(dims: Dims, leaves: list[LeafAccess]) -> Opts | None:
 
 def _complete(dims: Dims, leaves: list[LeafAccess], vector: Vector) -> Opts:
   """The heuristic's choices around a given vector: row vectors, register tile, accumulators."""
-  if vector is None and not _wants_tile(dims): return _transpose_opts(dims, leaves) or _build_opts(dims, leaves, None)
-  if not _wants_tile(dims): return _build_opts(dims, leaves, vector)
+  if not _wants_tile(dims):
+    return (_transpose_opts(dims, leaves) if vector is None else None) or _build_opts(dims, leaves, vector)
   # without a vector axis the tile is scalar accumulators, which still share every load they can
   vec_is_reduce = vector is not None and dims[vector[0]][1]
   fitting = [c for c in (TILE_ROW_VECTORS, NARROW_ROW_VECTORS) if _vector_fits(dims, vector, c)]
