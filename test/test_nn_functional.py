@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as TF
 from tinychad import Tensor, dtypes
 from torch_reference import compare, random_inputs
+from tinychad.nn.functional import _input_gradient_by_taps as _tapwise
 
 pytestmark = pytest.mark.usefixtures("each_device")
 
@@ -62,6 +63,38 @@ def test_conv2d_weight_gradient_summed_in_batch_parts(monkeypatch, groups, cin):
   assert F._batch_parts(6, 4 * 4 * 8 * 4) == 3
   compare([(6, cin, 6, 6), (8, cin // groups, 3, 3)], lambda x, w: TF.conv2d(x, w, groups=groups),
           lambda x, w: x.conv2d(w, groups=groups), atol=CONV_ATOL)
+
+
+# input gradients computed tap by tap (nn/functional.py _input_gradient_by_taps), forced on for
+# geometries that would not waste enough to take that path on their own
+TAPWISE = [
+  dict(x=(2, 3, 12, 12), w=(4, 3, 5, 5)),                                 # taken by default: 144 vs 64 positions
+  dict(x=(2, 3, 6, 6), w=(4, 3, 5, 5), padding=1),
+  dict(x=(2, 3, 7, 9), w=(4, 3, 5, 3), padding=(2, 1), dilation=(1, 2)),
+  dict(x=(2, 3, 6, 6), w=(4, 3, 4, 4), padding=((3, 0), (1, 2))),
+  dict(x=(2, 3, 2, 4), w=(4, 3, 3, 3), padding=((0, 5), (1, 1))),       # taps that reach only padding
+  dict(x=(2, 3, 5, 5), w=(2, 3, 5, 5), padding=4),
+  dict(x=(3, 4, 10), w=(6, 4, 7)),                                        # 1-D
+]
+
+
+@pytest.mark.parametrize("case", TAPWISE, ids=[str(i) for i in range(len(TAPWISE))])
+def test_conv_input_gradient_tap_by_tap(monkeypatch, case):
+  import tinychad.nn.functional as F
+  monkeypatch.setattr(F, "TAPWISE_MIN_WASTE", 0)
+  calls = []
+  monkeypatch.setattr(F, "_input_gradient_by_taps", lambda *args: calls.append(1) or _tapwise(*args))
+  kwargs = _conv_kwargs(case)
+  conv_torch, conv = (TF.conv2d, Tensor.conv2d) if len(case["x"]) == 4 else (TF.conv1d, Tensor.conv1d)
+  if isinstance(kwargs.get("padding"), tuple) and isinstance(kwargs["padding"][0], tuple):
+    # PyTorch takes only symmetric padding: the input is padded first
+    (top, bottom), (left, right) = kwargs["padding"]
+    unpadded = {k: v for k, v in kwargs.items() if k != "padding"}
+    torch_fn = lambda x, w: conv_torch(TF.pad(x, (left, right, top, bottom)), w, **unpadded)
+  else:
+    torch_fn = lambda x, w: conv_torch(x, w, **kwargs)
+  compare([case["x"], case["w"]], torch_fn, lambda x, w: conv(x, w, **kwargs), atol=CONV_ATOL)
+  assert calls
 
 
 CONV1D = [

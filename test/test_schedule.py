@@ -1,5 +1,6 @@
 """Kernel counts: what the scheduler fuses, and what it realizes once."""
 from __future__ import annotations
+import math
 import numpy as np
 from tinychad import Tensor, GlobalCounters
 from tinychad.ops import ReduceOps
@@ -190,6 +191,35 @@ def test_convolution_gradients_are_window_sums_without_scatter():
   items = [item for g in (x.grad, w.grad) for item in g.schedule() if item.is_kernel]
   assert all(len(load.arg[1].views) <= 2 for item in items for load in _loads(item))
   assert sum(1 for item in items if any(isinstance(n.op, ReduceOps) for n in item.ast.walk())) == 2
+
+
+def _multiply_adds(items) -> int:
+  """Products the reduce kernels of a schedule compute: each output times the size of its reduce."""
+  total = 0
+  for item in items:
+    for node in item.ast.walk():
+      if isinstance(node.op, ReduceOps): total += item.output.size * math.prod(node.arg[1][a] for a in node.arg[0])
+  return total
+
+
+def test_wasteful_input_gradient_goes_tap_by_tap():
+  """A 5x5 convolution of a 12x12 image: as one convolution over the padded output gradient, the input
+  gradient would multiply 144 positions by 25 taps where 64 by 25 are real. Tap by tap, its one reduce
+  is a matmul over output channels with exactly the real products, and the weight gradient reuses its
+  channels-last copy of the output gradient."""
+  torch = __import__("torch")
+  # 8 input channels x 25 taps: the weight gradient reads a channels-last gradient too (CHANNELS_LAST_GRAD_MIN_WORK)
+  x, w = Tensor.randn(2, 8, 12, 12, requires_grad=True).realize(), Tensor.randn(6, 8, 5, 5, requires_grad=True).realize()
+  out = x.conv2d(w).realize()
+  g = rand(*out.shape)
+  (out * g).sum().backward()
+  assert _multiply_adds(x.grad.schedule()) == 2 * 8 * 8 * 6 * 8 * 25
+  x.grad.realize()
+  assert all(item.output.size != g.numel() for item in w.grad.schedule())
+  tx, tw = torch.tensor(x.numpy(), requires_grad=True), torch.tensor(w.numpy(), requires_grad=True)
+  torch.nn.functional.conv2d(tx, tw).backward(torch.tensor(g.numpy()))
+  np.testing.assert_allclose(x.grad.numpy(), tx.grad.numpy(), rtol=1e-4, atol=1e-4)
+  np.testing.assert_allclose(w.grad.numpy(), tw.grad.numpy(), rtol=1e-4, atol=1e-4)
 
 
 def test_whole_tensor_sum_splits_so_threads_share_it(monkeypatch):

@@ -3,9 +3,11 @@
 in: Tensors (PyTorch's layouts: NCHW activations, (out, in/groups, kh, kw) conv weights)
 out: Tensors. A convolution is a windowed view of the input (movement ops only: `pool_windows`)
 multiplied by the weight and summed: one reduce kernel, no im2col copy. It is one autograd node
-(`Conv`) whose backward is two more such window sums, so no gradient scatters overlapping windows.
+(`Conv`) whose backward is two more such window sums (or, for the input gradient of a small image
+and a wide kernel, a matmul and a sum of shifted views), so no gradient scatters overlapping windows.
 """
 from __future__ import annotations
+import itertools
 import math
 from dataclasses import dataclass
 from tinychad.dtype import dtypes, promote_types
@@ -127,19 +129,24 @@ CHANNELS_LAST_GRAD_MIN_WORK = 128
 WEIGHT_GRAD_PART_BYTES = 1 << 20
 
 
-def _weight_gradient(windows: Tensor, grad: Tensor, groups: int, out_group: int) -> Tensor:
+def _weight_gradient_is_channels_last(weight: Tensor, grad: Tensor) -> bool:
+  """Whether the weight gradient reads a channels-last copy of the output gradient (see below)."""
+  # a gradient that is channels-last already (the ops after the convolution kept its layout) needs no
+  # copy for that path, and an NCHW copy of it is a transposing kernel that doesn't vectorize (3.7 ms
+  # of a 24 ms CNN step): it always takes that path
+  return weight.numel() // weight.shape[0] >= CHANNELS_LAST_GRAD_MIN_WORK or grad.lazydata.st.permuted_order is not None
+
+
+def _weight_gradient(windows: Tensor, grad: Tensor, groups: int, out_group: int, grad_cl: Tensor | None) -> Tensor:
   """Windows (bs, groups, cin_group, *out, *kernel) times the output gradient (bs, cout, *out), summed over
-  batch and positions: (groups, out_group, cin_group, *kernel), as a view."""
+  batch and positions: (groups, out_group, cin_group, *kernel), as a view. `grad_cl` is the gradient's
+  channels-last copy when the caller has made one."""
   bs, cin_group = windows.shape[0], windows.shape[2]
   n = (windows.ndim - 3) // 2
   outs, kernel = windows.shape[3:3 + n], windows.shape[3 + n:]
   # (bs, *out) go last, to be reduced
   windows = windows.permute((1, 2) + tuple(3 + n + i for i in range(n)) + (0,) + tuple(3 + i for i in range(n)))
-  # a gradient that is channels-last already (the ops after the convolution kept its layout) needs no
-  # copy for the channels-last path below, and an NCHW copy of it is a transposing kernel that
-  # doesn't vectorize (3.7 ms of a 24 ms CNN step): it always takes that path
-  channels_last = grad.lazydata.st.permuted_order is not None
-  if cin_group * math.prod(kernel) < CHANNELS_LAST_GRAD_MIN_WORK and not channels_last:
+  if grad_cl is None:
     # outputs (groups, out_group, cin_group, *kernel): SIMD lanes run along the output width, a reduce axis
     # summed over the batch in parts that fit L2, as below
     parts = _batch_parts(bs, math.prod(outs) * groups * out_group * grad.dtype.itemsize)
@@ -157,12 +164,67 @@ def _weight_gradient(windows: Tensor, grad: Tensor, groups: int, out_group: int)
   windows = windows.reshape((groups, cin_group) + kernel + (parts, bs // parts) + outs)
   windows = windows.permute((2 + n,) + tuple(i for i in range(windows.ndim) if i != 2 + n))
   windows = windows.reshape((parts, groups, cin_group) + kernel + (1, bs // parts) + outs)
-  grad_cl = grad.permute((0,) + tuple(2 + i for i in range(n)) + (1,)).contiguous().reshape((bs,) + outs + (groups, out_group))
+  grad_cl = grad_cl.reshape((bs,) + outs + (groups, out_group))
   grad_cl = grad_cl.permute((1 + n, 2 + n, 0) + tuple(1 + i for i in range(n)))      # (groups, out_group, bs, *outs)
   grad_cl = grad_cl.reshape((groups, out_group, parts, bs // parts) + outs).permute((2, 0, 1) + tuple(range(3, 4 + n)))
   grad_cl = grad_cl.reshape((parts, groups, 1) + (1,) * n + (out_group, bs // parts) + outs)
   out = (windows * grad_cl).sum(tuple(range(-1 - n, 0))).sum(0)
   return out.permute((0, 2 + n, 1) + tuple(2 + i for i in range(n)))
+
+
+# the input gradient as one convolution over the zero-padded output gradient multiplies every tap at
+# every input position; for a small image and a wide kernel most of those land in the padding (5x5 on
+# 8x8 outputs: 144 positions x 25 taps where 64 x 25 are real). At this much waste it is computed tap
+# by tap instead (_input_gradient_by_taps), which does only the real products but writes a buffer
+# prod(kernel) times the input gradient's size, so it is capped
+TAPWISE_MIN_WASTE = 1.5
+TAPWISE_MAX_BYTES = 256 << 20
+
+
+def _channels_last(grad: Tensor) -> Tensor:
+  """(bs, c, *spatial) -> (bs, *spatial, c), contiguous (a constant gradient stays a view: no memory)."""
+  n = grad.ndim - 2
+  return _dense(grad.permute((0,) + tuple(2 + i for i in range(n)) + (1,)))
+
+
+def _tapwise_pays(x_shape: tuple[int, ...], weight: Tensor, grad: Tensor, geo: ConvGeometry) -> bool:
+  """Whether the input gradient should go tap by tap: a plain (stride 1, one group) convolution whose
+  full-correlation form would waste TAPWISE_MIN_WASTE times the needed work, with a product buffer
+  under TAPWISE_MAX_BYTES."""
+  if geo.groups != 1 or any(s != 1 for s in geo.stride): return False
+  ins, outs = x_shape[2:], grad.shape[2:]
+  products = x_shape[0] * math.prod(outs) * weight.numel() // weight.shape[0]
+  return math.prod(ins) >= TAPWISE_MIN_WASTE * math.prod(outs) and products * grad.dtype.itemsize <= TAPWISE_MAX_BYTES
+
+
+def _input_gradient_by_taps(grad_cl: Tensor, weight: Tensor, geo: ConvGeometry, x_shape: tuple[int, ...]) -> Tensor:
+  """The input gradient of a stride-1, one-group convolution from its channels-last output gradient
+  (bs, *out, cout): one matmul gives every output position's contribution through every tap,
+  products[b, *o, *k, ci] = sum over co of grad[b, *o, co] * weight[co, ci, *k], and each input position
+  sums the products that reach it, x = o + k*dilation - pad_before: one shifted, zero-padded view of the
+  products per tap, added in one elementwise kernel. Returns (bs, cin, *in), a view of channels-last memory."""
+  n, bs = len(geo.stride), x_shape[0]
+  ins, outs = x_shape[2:], grad_cl.shape[1:1 + n]
+  cout, cin = weight.shape[:2]
+  kernel = weight.shape[2:]
+  # (cout, *kernel, cin): a product row runs over taps, then input channels (SIMD lanes of the sum
+  # below); copied, as the matmul's lanes need them contiguous
+  weight_rows = weight.permute((0,) + tuple(2 + i for i in range(n)) + (1,)).contiguous().reshape(cout, -1)
+  products = (grad_cl.reshape(-1, cout) @ weight_rows).reshape((bs,) + outs + kernel + (cin,))
+  total = None
+  for tap in itertools.product(*(range(k) for k in kernel)):
+    keep, pads = [], []
+    for o, k, d, (before, _), size in zip(outs, tap, geo.dilation, geo.pads, ins):
+      offset = k * d - before              # where this tap puts output position 0 in the input
+      lo, hi = max(0, -offset), min(o, size - offset)
+      keep.append((lo, hi))
+      pads.append((max(offset, 0), size - min(o + offset, size)))
+    if any(lo >= hi for lo, hi in keep): continue   # a tap that reaches only padding
+    piece = products.shrink(((0, bs),) + tuple(keep) + tuple((k, k + 1) for k in tap) + ((0, cin),))
+    piece = piece.reshape((bs,) + tuple(hi - lo for lo, hi in keep) + (cin,)).pad(((0, 0),) + tuple(pads) + ((0, 0),))
+    total = piece if total is None else total + piece
+  # with stride 1 every input position is inside some window, so some tap reached it: total is set
+  return total.permute((0, n + 1) + tuple(1 + i for i in range(n)))
 
 
 def _batch_parts(bs: int, sample_bytes: int) -> int:
@@ -177,7 +239,9 @@ class Conv(Function):
   into place, a kernel whose index math (div/mod through stacked views) can't be vectorized. Here:
     input gradient  = the output gradient, spread by the stride, convolved with the flipped weight;
     weight gradient = the input's windows times the output gradient, summed over batch and positions.
-  Both are window reductions like the forward. (No second derivatives: backward builds no graph.)
+  Both are window reductions like the forward. Where most of the input gradient's products would fall
+  in the zero padding, it is computed tap by tap instead (_input_gradient_by_taps). (No second
+  derivatives: backward builds no graph.)
   """
   def forward(self, x: LazyBuffer, weight: LazyBuffer, geo: ConvGeometry) -> LazyBuffer:
     # a channels-last input (the previous convolution's output, kept in its layout through ReLU) is
@@ -190,7 +254,13 @@ class Conv(Function):
     grad, geo, n = Tensor(grad_lazy, requires_grad=False), self.geo, len(self.geo.stride)
     kernel, outs = self.weight.shape[2:], grad.shape[2:]
     grad_x = grad_w = None
-    if self.needs_input_grad[0]:
+    tapwise = self.needs_input_grad[0] and _tapwise_pays(self.x.shape, self.weight, grad, geo)
+    weight_reads_cl = self.needs_input_grad[1] and _weight_gradient_is_channels_last(self.weight, grad)
+    # both gradients may read a channels-last copy of the output gradient: it is made once
+    grad_cl = _channels_last(grad) if tapwise or weight_reads_cl else None
+    if tapwise:
+      grad_x = _input_gradient_by_taps(grad_cl, self.weight, geo, self.x.shape).lazydata
+    elif self.needs_input_grad[0]:
       # pad the spread gradient so the "full" correlation lands exactly on the unpadded input
       spread = _spread(grad, geo.stride)
       pads = []
@@ -205,7 +275,7 @@ class Conv(Function):
       out_group = cout // geo.groups
       windows = pool_windows(self.x.pad(((0, 0), (0, 0)) + geo.pads), kernel, geo.stride, geo.dilation)
       windows = windows.reshape((bs, geo.groups, cin_group) + outs + kernel)
-      grad_w = _weight_gradient(windows, grad, geo.groups, out_group).reshape(self.weight.shape).lazydata
+      grad_w = _weight_gradient(windows, grad, geo.groups, out_group, grad_cl if weight_reads_cl else None).reshape(self.weight.shape).lazydata
     return grad_x, grad_w
 
 
