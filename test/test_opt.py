@@ -278,6 +278,47 @@ def test_strided_operand_is_packed_into_panels(monkeypatch):
   assert ranges[0][:3] == ("gidx1", n // p, True) and ranges[1][1] == m // TILE_ROWS and program.parallel == n // p
 
 
+# (m, k, n) of x @ w.T with w (n, k), a Linear layer's weight: w's panels are packed ahead
+LINEAR_MATMULS = [(32, 64, 128), (50, 30, 192), (6, 40, 64 * 3), (2 * 16, 24, 64)]
+
+
+@pytest.mark.parametrize("m,k,n", LINEAR_MATMULS, ids=[f"{m}x{k}x{n}" for m, k, n in LINEAR_MATMULS])
+def test_transposed_operand_matmul(mode, m, k, n):
+  x, w = rng.standard_normal((m, k), dtype=np.float32), rng.standard_normal((n, k), dtype=np.float32)
+  bias = rng.standard_normal(n, dtype=np.float32)
+  _check(lambda a, b: a @ b.T, x, w)
+  _check(lambda a, b, c: a.linear(b, c).relu(), x, w, bias)
+  _check(lambda a, b: a.reshape(2, m // 2, k) @ b.T, x, w)
+
+
+def test_transposed_operand_is_packed_into_panels(monkeypatch):
+  """x @ w.T reads w along the reduce axis: left alone, the kernel's SIMD lanes would run along the
+  reduce (dot products). Packed into panels, w's lanes run along the output columns, and the kernel
+  is the broadcast-times-vector register tile of a plain matmul."""
+  monkeypatch.setenv("NOOPT", "0")
+  m, k, n, p = 32, 48, 128, panel_width(dtypes.float32)
+  x, w = Tensor.rand(m, k, device="NUMPY").realize(), Tensor.rand(n, k, device="NUMPY").realize()
+  pack, matmul = _kernels(x @ w.T)
+  assert pack.inputs == (w.lazydata.base,) and pack.output.shape == (1, n // p, k, p) and pack.op_count == 0
+  (load,) = [node for node in matmul.ast.walk() if node.op is BufferOps.LOAD and node.arg[0] == 2]
+  assert load.arg[1].views[0].strides == (0, k * p, 1, p)
+  program = linearize(matmul.ast, matmul.name)
+  vector_loads = [u for u in program.uops if u.op is UOps.LOAD and u.vec > 1]
+  assert vector_loads and all(u.srcs[0] is not program.globals[1] for u in vector_loads)   # x: broadcast scalars
+  assert not [u for u in program.uops if u.op is UOps.GEP]                                  # no horizontal sums
+
+
+@pytest.mark.parametrize("m,noopt,other", [(8, "0", False), (32, "1", False), (32, "0", True)], ids=["few-rows", "noopt", "transposed-consumer"])
+def test_transposed_operand_not_packed(monkeypatch, m, noopt, other):
+  # too few rows to repay the copy, NOOPT, and a fused consumer that reads the output's transpose
+  # (no lanes along the output's columns for it)
+  monkeypatch.setenv("NOOPT", noopt)
+  x, w = Tensor.rand(m, 48, device="NUMPY").realize(), Tensor.rand(128, 48, device="NUMPY").realize()
+  out = x @ w.T
+  if other: out = out + Tensor.rand(128, m, device="NUMPY").realize().T
+  assert len(_kernels(out)) == 1
+
+
 @pytest.mark.parametrize("m,k,n,noopt", [(32, 64, 256, "0"), (1, 64, 4096, "0"), (32, 64, 4096, "0"), (32, STAGE_K + 16, 4096, "1")],
                          ids=["short-rows", "no-reuse", "staged", "noopt"])
 def test_operand_not_packed(monkeypatch, m, k, n, noopt):

@@ -31,6 +31,8 @@ reshape its layout can't express becomes one view), and one layout rule (off wit
     lane axis is split into (panels, P) to read it through a single view. Only where one panel
     is too big to stage: codegen copies a smaller one inside the kernel, each thread its own panel
     while it is in cache (opt.py's `stage`), which costs no pass over memory and no kernel launch.
+    A transposed operand (w.T in x @ w.T: contiguous along the reduce, along no output axis) is
+    packed into panels whatever its size, so the kernel gets SIMD lanes along its output columns.
 """
 from __future__ import annotations
 from dataclasses import dataclass, field
@@ -270,8 +272,9 @@ class _KernelBuilder:
     module docstring), its lane axes split into (panels, P), and its inputs renumbered."""
     reduce = next(n for n in ast.walk() if isinstance(n.op, ReduceOps))
     axes, full = reduce.arg
+    loads = [n for n in ast.walk() if n.op is BufferOps.LOAD]
     lanes = {n: lane for n in reduce.walk() if n.op is BufferOps.LOAD
-             if (lane := _lane_to_pack(n, axes, full, panel_width(n.dtype))) is not None}
+             if (lane := _lane_to_pack(n, axes, full, panel_width(n.dtype), ast, loads)) is not None}
     if not lanes: return ast
     splits = {lane: panel_width(n.dtype) for n, lane in lanes.items()}
     old_inputs, self.inputs = self.inputs, []
@@ -402,16 +405,32 @@ def _plain(st: ShapeTracker, base: LazyBuffer) -> bool:
   return st.contiguous and prod(st.shape) == base.size
 
 
-def _lane_to_pack(load: KernelNode, reduce_axes: tuple[int, ...], full: tuple[int, ...], panel: int) -> int | None:
-  """The lane axis (stride 1, a multiple of `panel` long) along which `load` should be packed into
-  panels, or None: packing needs one plain view that steps far along a reduce axis and is reused."""
+def _lane_to_pack(load: KernelNode, reduce_axes: tuple[int, ...], full: tuple[int, ...], panel: int,
+                  store: KernelNode, loads: list[KernelNode]) -> int | None:
+  """The lane axis (a multiple of `panel` long) along which `load` should be packed into panels, or
+  None. Packing needs one plain view that is reused (stride 0 along other output axes) and either
+  steps far along a reduce axis while it runs along the lane axis (B in a matmul too big to stage in
+  the kernel), or is transposed: it runs along a reduce axis and along no output axis (the weight of
+  x @ weight.T, a Linear layer). A transposed operand would make the kernel take its SIMD lanes along
+  the reduce, as dot products (10 loads per 16 multiply-adds, and a horizontal sum per output: 1024 x
+  256 @ 256 x 1024 at 120 GFLOP/s on 2 threads); its panels put the lanes along the output axis the
+  store writes in order, which gets the matmul's register tile (340 GFLOP/s, the pack included),
+  provided the kernel's other loads allow lanes there too (codegen/opt.py's vector axis)."""
   st = load.arg[1]
   if len(st.views) != 1 or st.views[0].mask is not None: return None
   strides, itemsize = st.views[0].strides, load.dtype.itemsize
-  if not any(a in reduce_axes and abs(strides[a]) * itemsize >= PACK_MIN_STRIDE_BYTES for a in range(len(full))): return None
   if prod(s for a, s in enumerate(full) if a not in reduce_axes and strides[a] == 0) < PACK_MIN_REUSE: return None
-  if prod(full[a] for a in reduce_axes) * panel * itemsize <= STAGE_MAX_BYTES: return None   # staged in the kernel
-  return next((a for a, s in enumerate(full) if a not in reduce_axes and strides[a] == 1 and s % panel == 0), None)
+  lanes = [a for a, s in enumerate(full) if a not in reduce_axes and s % panel == 0]
+  if any(strides[a] == 1 for a in range(len(full)) if a not in reduce_axes):
+    if not any(abs(strides[a]) * itemsize >= PACK_MIN_STRIDE_BYTES for a in reduce_axes): return None
+    if prod(full[a] for a in reduce_axes) * panel * itemsize <= STAGE_MAX_BYTES: return None   # staged in the kernel
+    return next((a for a in lanes if strides[a] == 1), None)
+  if not any(strides[a] == 1 for a in reduce_axes): return None
+  def lanes_fit(a: int) -> bool:
+    """The store writes consecutive elements along a, and every other load one or consecutive ones."""
+    if store.arg[1].views[-1].strides[a] != 1: return False
+    return all(len(n.arg[1].views) == 1 and n.arg[1].views[0].strides[a] in (0, 1) for n in loads if n is not load)
+  return next((a for a in lanes if strides[a] != 0 and lanes_fit(a)), None)
 
 
 def _split_axis(axis: int, splits: dict[int, int]) -> int:
