@@ -50,7 +50,7 @@ def _check(build, *arrays, tol=1e-4):
 
 # the last four have tiles of 6 rows with a tail tile after them: 4 rows, 1 row, 3 rows, only the tail
 MATMULS = [(64, 64, 64), (33, 17, 65), (96, 128, 40), (5, 1, 7), (130, 48, 256), (1000, 256, 64), (7, 256, 128),
-           (45, 200, 192), (5, 300, 64)]
+           (45, 200, 192), (5, 300, 64), (23, 150, 80), (30, 64, 112), (20, 200, 48)]   # the last three: 5, 7, 3 vectors
 
 
 @pytest.mark.parametrize("n,k,m", MATMULS, ids=[f"{n}x{k}x{m}" for n, k, m in MATMULS])
@@ -212,12 +212,14 @@ def _matmul_opts(m: int, k: int, n: int):
 def test_register_tile_shapes(monkeypatch):
   """A long matmul's tile is 6 rows of 4 vectors, with a tail tile where 6 doesn't divide the rows;
   attention's q @ k^T (a reduce over 64) gets 4 rows of 4 vectors, and 2 vectors of lanes 8 rows."""
-  from tinychad.codegen.opt import NARROW_ROW_VECTORS, SHORT_REDUCE, TILE_ROW_VECTORS, TILE_ROWS, simd_bytes
+  from tinychad.codegen.opt import NARROW_ROW_VECTORS, ODD_ROW_TILES, SHORT_REDUCE, TILE_ROW_VECTORS, TILE_ROWS, simd_bytes
   monkeypatch.setenv("NOOPT", "0")
   lanes = simd_bytes() // 4
-  for k, n, row_vectors, rows in ((64, 128, TILE_ROW_VECTORS, 4), (SHORT_REDUCE * 2, 128, TILE_ROW_VECTORS, TILE_ROWS),
-                                  (SHORT_REDUCE * 2, 2 * lanes, NARROW_ROW_VECTORS, 8)):
-    _, opts = _matmul_opts(128, k, n)
+  # 5, 3 or 7 vectors of lanes (where 4 don't divide): 5x5, 8x3, 3x7, short reduce or not
+  odd = [(k, count * lanes, count, rows) for count, rows in ODD_ROW_TILES.items() for k in (64, SHORT_REDUCE * 2)]
+  for k, n, row_vectors, rows in [(64, 128, TILE_ROW_VECTORS, 4), (SHORT_REDUCE * 2, 128, TILE_ROW_VECTORS, TILE_ROWS),
+                                  (SHORT_REDUCE * 2, 2 * lanes, NARROW_ROW_VECTORS, 8)] + odd:
+    _, opts = _matmul_opts(120, k, n)     # rows that 4, 5, 6, 8 and 3 divide: no tail tile
     axis, width = opts.vector
     (row_axis,) = [d for d in opts.upcast if d != axis]
     assert width == lanes and opts.upcast[axis] == row_vectors * lanes and opts.upcast[row_axis] == rows, (k, opts)

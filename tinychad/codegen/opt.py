@@ -19,7 +19,8 @@ The heuristics, in order (every choice divides its axis, except a register tile'
     is unrolled, so each loaded value feeds several accumulators: the matmul micro-kernel, found
     from strides alone, so convolutions and their gradients get it too; TILE_ROWS rows of
     TILE_ROW_VECTORS vectors (6x64 floats with AVX-512), 4 rows for a reduce of at most SHORT_REDUCE
-    elements, 8 rows of NARROW_ROW_VECTORS where 4 vectors don't divide the vector axis;
+    elements; where 4 vectors don't divide the vector axis, 5x5, 8x3 or 3x7 (ODD_ROW_TILES), else 8
+    rows of NARROW_ROW_VECTORS;
   - tail: a tile's rows need not divide their axis. The loop runs the whole tiles, then one tile of
     the leftover rows follows it (codegen/linearize.py). Only one axis, never the vector axis, and
     only inside another loop (`tails_are_valid`): the outermost loop is the one threads split;
@@ -64,7 +65,12 @@ TILE_AMOUNTS = (8, 7, 6, 5, 4, 3, 2) # register-tile unroll per reuse axis, the 
 MAX_TILE_ACCUMULATORS = 16
 TILE_ROW_VECTORS = 4           # SIMD vectors along a non-reduce vector axis in a register tile
 TILE_ROWS = 6                  # its rows: 24 accumulators, the 4 row vectors and a broadcast fit 32 registers
-NARROW_ROW_VECTORS = 2         # when 4 vectors don't divide the vector axis (8 rows of them)
+# where 4 vectors don't divide the vector axis (784 floats = 49 vectors, 800 = 50): row vectors -> rows,
+# the first count that divides it wins; each fills the registers as 6x4 does. A Linear layer's weight
+# gradient (1024 x 784, a reduce over 256): 8x1 vectors 2.9 -> 7x3 2.1 ms; a 5x5 convolution's input
+# gradient products (8192 x 64 @ 64 x 800): 8x2 3.3 -> 5x5 2.7 ms; 2 threads
+ODD_ROW_TILES = {5: 5, 3: 8, 7: 3}
+NARROW_ROW_VECTORS = 2         # the last resort: 8 rows of 2 vectors
 # a short reduce (attention's q@k^T over 64, weights@v over 128) runs its tile for few steps: a
 # shallower tile (4x64, as BEAM found) sweeps fewer rows of A per panel of B. Attention 1.6 -> 1.25 ms
 SHORT_REDUCE = 128
@@ -347,10 +353,12 @@ def _complete(dims: Dims, leaves: list[LeafAccess], vector: Vector) -> Opts:
     return (_transpose_opts(dims, leaves) if vector is None else None) or _build_opts(dims, leaves, vector)
   # without a vector axis the tile is scalar accumulators, which still share every load they can
   vec_is_reduce = vector is not None and dims[vector[0]][1]
-  fitting = [c for c in (TILE_ROW_VECTORS, NARROW_ROW_VECTORS) if _vector_fits(dims, vector, c)]
+  fitting = [c for c in (TILE_ROW_VECTORS, *ODD_ROW_TILES, NARROW_ROW_VECTORS) if _vector_fits(dims, vector, c)]
   count = 1 if vec_is_reduce or not fitting else fitting[0]
   short = reduce_size(dims) <= SHORT_REDUCE
-  budget = TILE_ROWS if count == TILE_ROW_VECTORS and not short else MAX_TILE_ACCUMULATORS // count
+  if count == TILE_ROW_VECTORS and not short: budget = TILE_ROWS
+  elif count in ODD_ROW_TILES: budget = ODD_ROW_TILES[count]
+  else: budget = MAX_TILE_ACCUMULATORS // count
   vec = vector[0] if vector is not None else None
   tile = _heuristic_tile(dims, leaves, vec, budget, tails=True)
   opts = _build_opts(dims, leaves, vector, count, tile)
