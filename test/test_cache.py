@@ -109,3 +109,52 @@ def test_llvm_prepare_compiles_the_schedule_on_threads(monkeypatch):
   compiled = CacheStats.compiles
   np.testing.assert_allclose(out.numpy(), np.log2(x.sum(1, keepdims=True)) + x.max(1, keepdims=True), rtol=1e-6)
   assert CacheStats.compiles == compiled     # realizing compiled nothing more
+
+
+def _max_kernels(count: int) -> tuple[list, list]:
+  """`count` reduce kernels with the same name (r_8_12) and different trees, and their outputs."""
+  from tinychad import Tensor
+  from tinychad.engine.schedule import create_schedule
+  x = Tensor(np.linspace(-2, 3, 96, dtype=np.float32).reshape(8, 12))
+  outs = [(x * float(k + 1)).max(1) for k in range(count)]
+  items = [it for it in create_schedule([o.lazydata for o in outs]) if it.is_kernel]
+  assert len(items) == count and len({it.name for it in items}) == 1
+  return items, outs
+
+
+def test_cpu_prepare_builds_a_schedule_in_a_few_libraries(monkeypatch):
+  """A schedule's new kernels share a library per core (one compiler process each), under names of
+  their own there, even when their kernel names are the same."""
+  from tinychad.device import Device
+  from tinychad.runtime.cache import CacheStats
+  monkeypatch.setenv("CACHE", "0")
+  device = Device["CPU"]
+  monkeypatch.setattr(device, "programs", {})
+  items, outs = _max_kernels(8)
+  CacheStats.reset()
+  device.prepare(items)
+  assert all((it.ast, it.name) in device.programs for it in items)
+  assert CacheStats.compiles <= min(os.cpu_count() or 1, len(items) - 1)
+  compiled = CacheStats.compiles
+  x = np.linspace(-2, 3, 96, dtype=np.float32).reshape(8, 12)
+  for k, out in enumerate(outs): np.testing.assert_allclose(out.numpy(), (x * (k + 1)).max(1), rtol=1e-6)
+  assert CacheStats.compiles == compiled     # realizing compiled nothing more
+
+
+def test_cpu_prepare_builds_each_kernel_alone_when_its_library_fails(monkeypatch):
+  from tinychad.device import Device
+  from tinychad.runtime import ops_cpu
+  from tinychad.runtime.cache import CacheStats
+  monkeypatch.setenv("CACHE", "0")
+  device = Device["CPU"]
+  monkeypatch.setattr(device, "programs", {})
+  real = ops_cpu.compile_c
+  def failing_libraries(source, name, *args, **kwargs):
+    if ", " in name: raise ops_cpu.CompileError(f"kernels {name}: made to fail")
+    return real(source, name, *args, **kwargs)
+  monkeypatch.setattr(ops_cpu, "compile_c", failing_libraries)
+  items, outs = _max_kernels(4)
+  CacheStats.reset()
+  device.prepare(items)
+  assert all((it.ast, it.name) in device.programs for it in items) and CacheStats.compiles == len(items)
+  np.testing.assert_allclose(outs[3].numpy(), np.linspace(-2, 3, 96, dtype=np.float32).reshape(8, 12).max(1) * 4, rtol=1e-6)

@@ -55,8 +55,9 @@ def _is_safe_divisor(u: UOp) -> bool:
 
 
 class CRenderer:
-  def __init__(self, program: Program):
+  def __init__(self, program: Program, symbol: str | None = None):
     self.program = program
+    self.symbol = symbol or program.name    # the function's name in C
     self.names: dict[int, str] = {}
     self.typedefs: dict[str, str] = {}
     self.helpers: dict[str, str] = {}     # POLY_MATH functions this kernel calls: name -> definition
@@ -254,12 +255,9 @@ class CRenderer:
       body += ["  " * depth + ln for ln in ([lines] if isinstance(lines, str) else lines)]
       if u.op is UOps.RANGE: depth += 1
     params += ["long long start", "long long end"]
-    head = f"void {self.program.name}({', '.join(params)}) {{"
+    head = f"void {self.symbol}({', '.join(params)}) {{"
     return "\n".join([head] + body + ["}"])
 
-  def render(self) -> str:
-    function = self.render_function()
-    return "\n".join(["#include <math.h>", *self.typedefs.values(), *self.helpers.values(), function, ""])
 
 
 _INFIX = {
@@ -284,4 +282,18 @@ def _converts_exactly(src: DType, dst: DType) -> bool:
 
 def render_c(program: Program) -> str:
   """C source for the program's one function."""
-  return CRenderer(program).render()
+  return render_c_library([program], [program.name])
+
+
+def render_c_library(programs: list[Program], symbols: list[str]) -> str:
+  """One C file defining every program's function, under the given names; the vector typedefs and
+  math helpers they share are written once."""
+  typedefs: dict[str, str] = {}
+  helpers: dict[str, str] = {}
+  functions = []
+  for program, symbol in zip(programs, symbols):
+    renderer = CRenderer(program, symbol)
+    functions.append(renderer.render_function())
+    typedefs.update(renderer.typedefs)
+    helpers.update(renderer.helpers)
+  return "\n".join(["#include <math.h>", *typedefs.values(), *helpers.values(), *functions, ""])

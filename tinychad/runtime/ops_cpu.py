@@ -23,7 +23,8 @@ gcc (12 here) also gets
                       a select feeding a store is an instruction the assembler rejects (a zero-masked
                       vmovsh store); without it each half op computes in float and rounds to half on
                       assignment, as numpy does
-`prepare(items)` compiles every new kernel of a schedule up front, several gcc processes at once.
+`prepare(items)` compiles every new kernel of a schedule up front, into one library per core
+(several kernels per gcc process), the libraries at once.
 A process keeps each kernel it has loaded: NOOPT and BEAM apply to kernels first built after they
 are set (as in tinygrad, which reads them once), and an exec pays no environment lookups.
 """
@@ -39,7 +40,7 @@ from tinychad.codegen import lower_item
 from tinychad.codegen.opt import simd_bytes
 from tinychad.device import find_c_compiler
 from tinychad.helpers import DEBUG
-from tinychad.renderer.cstyle import render_c
+from tinychad.renderer.cstyle import render_c, render_c_library
 from tinychad.runtime.cache import cache_key, cached_library, code_version, load_shared_library, read_record, tree_text, write_record
 from tinychad.runtime.threads import run_parallel
 
@@ -118,27 +119,26 @@ class CPUDevice:
     cc = find_c_compiler()
     return cc is not None and _compiler_works(cc)
 
-  def _build(self, item) -> tuple:
-    """(C function, parallel extent, the function's address) for a kernel: from its record when this
-    kernel was built before (no lowering, no rendering), else lowered, rendered and compiled, and its
-    record written."""
+  @staticmethod
+  def _record_key(item) -> str:
     cc = find_c_compiler() or ""
-    key = cache_key(tree_text(item.ast), item.name, code_version(), cc, " ".join(compile_flags()),
-                    os.getenv("NOOPT", ""), os.getenv("BEAM", ""))
+    return cache_key(tree_text(item.ast), item.name, code_version(), cc, " ".join(compile_flags()),
+                     os.getenv("NOOPT", ""), os.getenv("BEAM", ""))
+
+  @staticmethod
+  def _recorded(key: str) -> tuple | None:
+    """The loaded kernel its record names, if it was built before (no lowering, no rendering)."""
     # DEBUG>=3 shows the IR and the source, so it always lowers
     record = read_record(key) if DEBUG() < 3 else None
     lib = cached_library(record["library"]) if record is not None else None
-    if lib is None:
-      program = lower_item(item)
-      source = render_c(program)
-      if DEBUG() >= 4: print(source)
-      lib = compile_c(source, item.name, cc or None, contract=program.contract)
-      record = {"library": library_key(source, cc, program.contract), "buffers": len(program.globals), "parallel": program.parallel}
-      write_record(key, record)
-    fn = getattr(lib, item.name)
-    fn.restype = None
-    fn.argtypes = [ctypes.c_void_p] * record["buffers"] + [ctypes.c_int64, ctypes.c_int64]
-    return fn, record["parallel"], ctypes.cast(fn, ctypes.c_void_p).value
+    return None if lib is None else _function(lib, record)
+
+  def _build(self, item) -> tuple:
+    """(C function, parallel extent, the function's address) for a kernel: from its record, else
+    lowered, rendered and compiled on its own, and its record written."""
+    key = self._record_key(item)
+    built = self._recorded(key)
+    return built if built is not None else self._build_alone(key, lower_item(item), find_c_compiler() or "")
 
   def program(self, item):
     key = (item.ast, item.name)
@@ -146,16 +146,82 @@ class CPUDevice:
     return self.programs[key]
 
   def prepare(self, items) -> None:
-    """Compile the kernels of a schedule that aren't loaded yet, on parallel gcc processes."""
+    """Compile the kernels of a schedule that aren't loaded yet, a few libraries at once.
+
+    Kernels that need the same compiler flags share a library, one per core (each compiled by its own
+    process, in parallel): a gcc process costs ~30 ms to start, as much as a small kernel's compile,
+    and a CNN training step has ~50 kernels (its cold first step 2.0 -> 1.3 s)."""
     todo = {(item.ast, item.name): item for item in items if item.is_kernel and (item.ast, item.name) not in self.programs}
-    if len(todo) < 2: return
-    # each build waits on its own gcc process; threads just overlap those waits
-    with ThreadPoolExecutor(max_workers=min(len(todo), 2 * (os.cpu_count() or 1))) as pool:
-      for key, built in zip(todo, pool.map(self._build, todo.values())): self.programs[key] = built
+    if len(todo) < 2 or DEBUG() >= 3:
+      return
+    cc = find_c_compiler() or ""
+    groups: dict[bool, list] = {}
+    for key, item in todo.items():
+      record_key = self._record_key(item)
+      built = self._recorded(record_key)
+      if built is not None:
+        self.programs[key] = built
+        continue
+      # FMA contraction is a flag for a whole file (compile_flags); the half-precision flags change
+      # only half-precision code, so they don't split a group
+      program = lower_item(item)
+      groups.setdefault(program.contract, []).append((key, record_key, program))
+    libraries = [part for members in groups.values() for part in _balanced_parts(members, os.cpu_count() or 1)]
+    with ThreadPoolExecutor(max_workers=max(1, len(libraries))) as pool:
+      for built in pool.map(lambda members: self._build_library(members, cc), libraries):
+        self.programs.update(built)
+
+  def _build_library(self, members: list, cc: str) -> dict:
+    """One library holding these kernels (each under a name of its own in it), their records written;
+    if it doesn't compile, each kernel is built alone, so the error names the kernel that failed."""
+    symbols = [f"{program.name}_{i}" for i, (_, _, program) in enumerate(members)]
+    source = render_c_library([program for _, _, program in members], symbols)
+    contract = members[0][2].contract
+    try:
+      lib = compile_c(source, ", ".join(program.name for _, _, program in members), cc or None, contract=contract)
+    except CompileError:
+      return {key: self._build_alone(record_key, program, cc) for key, record_key, program in members}
+    built = {}
+    for (key, record_key, program), symbol in zip(members, symbols):
+      record = {"library": library_key(source, cc, contract), "symbol": symbol,
+                "buffers": len(program.globals), "parallel": program.parallel}
+      write_record(record_key, record)
+      built[key] = _function(lib, record)
+    return built
+
+  @staticmethod
+  def _build_alone(record_key: str, program, cc: str) -> tuple:
+    source = render_c(program)
+    if DEBUG() >= 4: print(source)
+    lib = compile_c(source, program.name, cc or None, contract=program.contract)
+    record = {"library": library_key(source, cc, program.contract), "symbol": program.name,
+              "buffers": len(program.globals), "parallel": program.parallel}
+    write_record(record_key, record)
+    return _function(lib, record)
 
   def exec(self, item, bufs) -> None:
     fn, extent, address = self.program(item)
     run_parallel(fn, [b.allocate().address for b in bufs], extent, item.points, address)
+
+
+def _function(lib: ctypes.CDLL, record: dict) -> tuple:
+  """(C function, parallel extent, its address) for the kernel `record` describes in `lib`."""
+  fn = getattr(lib, record["symbol"])
+  fn.restype = None
+  fn.argtypes = [ctypes.c_void_p] * record["buffers"] + [ctypes.c_int64, ctypes.c_int64]
+  return fn, record["parallel"], ctypes.cast(fn, ctypes.c_void_p).value
+
+
+def _balanced_parts(members: list, parts: int) -> list[list]:
+  """`members` (key, record key, program) cut into at most `parts` groups of nearly equal size in
+  uops (a stand-in for compile time), the biggest placed first."""
+  groups: list[list] = [[] for _ in range(min(parts, len(members)))]
+  sizes = [0] * len(groups)
+  for member in sorted(members, key=lambda m: -len(m[2].uops)):
+    lightest = sizes.index(min(sizes))
+    groups[lightest].append(member)
+    sizes[lightest] += len(member[2].uops)
+  return groups
 
 
 def device_class(): return CPUDevice
