@@ -75,6 +75,11 @@ TAPWISE = [
   dict(x=(2, 3, 2, 4), w=(4, 3, 3, 3), padding=((0, 5), (1, 1))),       # taps that reach only padding
   dict(x=(2, 3, 5, 5), w=(2, 3, 5, 5), padding=4),
   dict(x=(3, 4, 10), w=(6, 4, 7)),                                        # 1-D
+  dict(x=(2, 3, 8, 8), w=(4, 3, 3, 3), stride=2, padding=1),             # taken by default: 64 vs 16
+  dict(x=(2, 3, 9, 11), w=(4, 3, 3, 2), stride=(2, 3), padding=(1, 0), dilation=(2, 1)),
+  dict(x=(2, 2, 8, 9), w=(3, 2, 3, 3), stride=(2, 3), padding=(1, 0)),    # rows no window reaches
+  dict(x=(2, 3, 1, 1), w=(2, 3, 1, 1), stride=2, padding=1),              # every window in the padding
+  dict(x=(2, 4, 13), w=(3, 4, 4), stride=3, padding=2),                   # 1-D
 ]
 
 

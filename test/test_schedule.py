@@ -2,6 +2,7 @@
 from __future__ import annotations
 import math
 import numpy as np
+import pytest
 from tinychad import Tensor, GlobalCounters
 from tinychad.ops import ReduceOps
 
@@ -202,22 +203,24 @@ def _multiply_adds(items) -> int:
   return total
 
 
-def test_wasteful_input_gradient_goes_tap_by_tap():
+@pytest.mark.parametrize("size,cin,kernel,stride,padding", [(12, 8, 5, 1, 0), (8, 16, 3, 2, 1)], ids=["5x5-on-12x12", "stride-2"])
+def test_wasteful_input_gradient_goes_tap_by_tap(size, cin, kernel, stride, padding):
   """A 5x5 convolution of a 12x12 image: as one convolution over the padded output gradient, the input
-  gradient would multiply 144 positions by 25 taps where 64 by 25 are real. Tap by tap, its one reduce
-  is a matmul over output channels with exactly the real products, and the weight gradient reuses its
-  channels-last copy of the output gradient."""
+  gradient would multiply 144 positions by 25 taps where 64 by 25 are real (with stride 2, three in four
+  products land between the strides). Tap by tap, its one reduce is a matmul over output channels with
+  exactly the real products, and the weight gradient reuses its channels-last copy of the output gradient."""
   torch = __import__("torch")
-  # 8 input channels x 25 taps: the weight gradient reads a channels-last gradient too (CHANNELS_LAST_GRAD_MIN_WORK)
-  x, w = Tensor.randn(2, 8, 12, 12, requires_grad=True).realize(), Tensor.randn(6, 8, 5, 5, requires_grad=True).realize()
-  out = x.conv2d(w).realize()
+  # 8 x 25 or 16 x 9 products per weight: the weight gradient reads a channels-last gradient too (CHANNELS_LAST_GRAD_MIN_WORK)
+  x = Tensor.randn(2, cin, size, size, requires_grad=True).realize()
+  w = Tensor.randn(6, cin, kernel, kernel, requires_grad=True).realize()
+  out = x.conv2d(w, stride=stride, padding=padding).realize()
   g = rand(*out.shape)
   (out * g).sum().backward()
-  assert _multiply_adds(x.grad.schedule()) == 2 * 8 * 8 * 6 * 8 * 25
+  assert _multiply_adds(x.grad.schedule()) == g.numel() * cin * kernel * kernel
   x.grad.realize()
   assert all(item.output.size != g.numel() for item in w.grad.schedule())
   tx, tw = torch.tensor(x.numpy(), requires_grad=True), torch.tensor(w.numpy(), requires_grad=True)
-  torch.nn.functional.conv2d(tx, tw).backward(torch.tensor(g.numpy()))
+  torch.nn.functional.conv2d(tx, tw, stride=stride, padding=padding).backward(torch.tensor(g.numpy()))
   np.testing.assert_allclose(x.grad.numpy(), tx.grad.numpy(), rtol=1e-4, atol=1e-4)
   np.testing.assert_allclose(w.grad.numpy(), tw.grad.numpy(), rtol=1e-4, atol=1e-4)
 

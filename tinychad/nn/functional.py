@@ -4,7 +4,8 @@ in: Tensors (PyTorch's layouts: NCHW activations, (out, in/groups, kh, kw) conv 
 out: Tensors. A convolution is a windowed view of the input (movement ops only: `pool_windows`)
 multiplied by the weight and summed: one reduce kernel, no im2col copy. It is one autograd node
 (`Conv`) whose backward is two more such window sums (or, for the input gradient of a small image
-and a wide kernel, a matmul and a sum of shifted views), so no gradient scatters overlapping windows.
+with a wide kernel or of a strided convolution, a matmul and a sum of shifted views), so no gradient
+scatters overlapping windows.
 """
 from __future__ import annotations
 import itertools
@@ -172,11 +173,12 @@ def _weight_gradient(windows: Tensor, grad: Tensor, groups: int, out_group: int,
   return out.permute((0, 2 + n, 1) + tuple(2 + i for i in range(n)))
 
 
-# the input gradient as one convolution over the zero-padded output gradient multiplies every tap at
-# every input position; for a small image and a wide kernel most of those land in the padding (5x5 on
-# 8x8 outputs: 144 positions x 25 taps where 64 x 25 are real). At this much waste it is computed tap
-# by tap instead (_input_gradient_by_taps), which does only the real products but writes a buffer
-# prod(kernel) times the input gradient's size, so it is capped
+# the input gradient as one convolution over the zero-padded (and, with a stride, spread) output
+# gradient multiplies every tap at every input position; for a small image and a wide kernel most of
+# those land in the padding (5x5 on 8x8 outputs: 144 positions x 25 taps where 64 x 25 are real), and
+# with stride 2 three in four land between the strides. At this much waste it is computed tap by tap
+# instead (_input_gradient_by_taps), which does only the real products but writes a buffer of every
+# output position times every tap and input channel, so it is capped
 TAPWISE_MIN_WASTE = 1.5
 TAPWISE_MAX_BYTES = 256 << 20
 
@@ -188,21 +190,24 @@ def _channels_last(grad: Tensor) -> Tensor:
 
 
 def _tapwise_pays(x_shape: tuple[int, ...], weight: Tensor, grad: Tensor, geo: ConvGeometry) -> bool:
-  """Whether the input gradient should go tap by tap: a plain (stride 1, one group) convolution whose
-  full-correlation form would waste TAPWISE_MIN_WASTE times the needed work, with a product buffer
-  under TAPWISE_MAX_BYTES."""
-  if geo.groups != 1 or any(s != 1 for s in geo.stride): return False
+  """Whether the input gradient should go tap by tap: a one-group convolution whose full-correlation
+  form (over every input position, the gradient spread by the stride) would waste TAPWISE_MIN_WASTE
+  times the needed work, with a product buffer under TAPWISE_MAX_BYTES."""
+  if geo.groups != 1: return False
   ins, outs = x_shape[2:], grad.shape[2:]
   products = x_shape[0] * math.prod(outs) * weight.numel() // weight.shape[0]
   return math.prod(ins) >= TAPWISE_MIN_WASTE * math.prod(outs) and products * grad.dtype.itemsize <= TAPWISE_MAX_BYTES
 
 
 def _input_gradient_by_taps(grad_cl: Tensor, weight: Tensor, geo: ConvGeometry, x_shape: tuple[int, ...]) -> Tensor:
-  """The input gradient of a stride-1, one-group convolution from its channels-last output gradient
-  (bs, *out, cout): one matmul gives every output position's contribution through every tap,
+  """The input gradient of a one-group convolution from its channels-last output gradient (bs, *out, cout).
+
+  One matmul gives every output position's contribution through every tap,
   products[b, *o, *k, ci] = sum over co of grad[b, *o, co] * weight[co, ci, *k], and each input position
-  sums the products that reach it, x = o + k*dilation - pad_before: one shifted, zero-padded view of the
-  products per tap, added in one elementwise kernel. Returns (bs, cin, *in), a view of channels-last memory."""
+  y = o*stride + k*dilation - pad_before sums the products that reach it. Each input axis is seen as
+  (q, r) with y = q*stride + r: a tap reaches one r only, and moves q one step per output position, so
+  its products are one shifted, zero-padded view, and all taps add up in one elementwise kernel.
+  Returns (bs, cin, *in), a view of channels-last memory."""
   n, bs = len(geo.stride), x_shape[0]
   ins, outs = x_shape[2:], grad_cl.shape[1:1 + n]
   cout, cin = weight.shape[:2]
@@ -211,19 +216,25 @@ def _input_gradient_by_taps(grad_cl: Tensor, weight: Tensor, geo: ConvGeometry, 
   # below); copied, as the matmul's lanes need them contiguous
   weight_rows = weight.permute((0,) + tuple(2 + i for i in range(n)) + (1,)).contiguous().reshape(cout, -1)
   products = (grad_cl.reshape(-1, cout) @ weight_rows).reshape((bs,) + outs + kernel + (cin,))
+  rows = [-(-size // s) for size, s in zip(ins, geo.stride)]      # q's extent per axis
   total = None
   for tap in itertools.product(*(range(k) for k in kernel)):
     keep, pads = [], []
-    for o, k, d, (before, _), size in zip(outs, tap, geo.dilation, geo.pads, ins):
-      offset = k * d - before              # where this tap puts output position 0 in the input
-      lo, hi = max(0, -offset), min(o, size - offset)
+    for o, k, d, (before, _), s, q_size in zip(outs, tap, geo.dilation, geo.pads, geo.stride, rows):
+      r = (k * d - before) % s
+      shift = (k * d - before - r) // s       # the q that output position 0 reaches
+      lo, hi = max(0, -shift), min(o, q_size - shift)
       keep.append((lo, hi))
-      pads.append((max(offset, 0), size - min(o + offset, size)))
+      pads += [(lo + shift, q_size - hi - shift), (r, s - 1 - r)]
     if any(lo >= hi for lo, hi in keep): continue   # a tap that reaches only padding
     piece = products.shrink(((0, bs),) + tuple(keep) + tuple((k, k + 1) for k in tap) + ((0, cin),))
-    piece = piece.reshape((bs,) + tuple(hi - lo for lo, hi in keep) + (cin,)).pad(((0, 0),) + tuple(pads) + ((0, 0),))
+    piece = piece.reshape((bs,) + tuple(v for lo, hi in keep for v in (hi - lo, 1)) + (cin,))
+    piece = piece.pad(((0, 0),) + tuple(pads) + ((0, 0),))
     total = piece if total is None else total + piece
-  # with stride 1 every input position is inside some window, so some tap reached it: total is set
+  if total is None:     # every window lies in the padding (or between the strides): no gradient reaches x
+    return Tensor.zeros((bs, cin) + ins, dtype=grad_cl.dtype, device=grad_cl.device)
+  total = total.reshape((bs,) + tuple(q * s for q, s in zip(rows, geo.stride)) + (cin,))
+  total = total.shrink(((0, bs),) + tuple((0, size) for size in ins) + ((0, cin),))
   return total.permute((0, n + 1) + tuple(1 + i for i in range(n)))
 
 
@@ -240,7 +251,7 @@ class Conv(Function):
     input gradient  = the output gradient, spread by the stride, convolved with the flipped weight;
     weight gradient = the input's windows times the output gradient, summed over batch and positions.
   Both are window reductions like the forward. Where most of the input gradient's products would fall
-  in the zero padding, it is computed tap by tap instead (_input_gradient_by_taps). (No second
+  in the zero padding or between the strides, it is computed tap by tap instead (_input_gradient_by_taps). (No second
   derivatives: backward builds no graph.)
   """
   def forward(self, x: LazyBuffer, weight: LazyBuffer, geo: ConvGeometry) -> LazyBuffer:
