@@ -176,32 +176,32 @@ class CPUDevice:
     if it doesn't compile, each kernel is built alone, so the error names the kernel that failed."""
     symbols = [f"{program.name}_{i}" for i, (_, _, program) in enumerate(members)]
     source = render_c_library([program for _, _, program in members], symbols)
-    contract = members[0][2].contract
     try:
-      lib = compile_c(source, ", ".join(program.name for _, _, program in members), cc or None, contract=contract)
+      # the members share one contract flag (prepare groups them by it)
+      lib = compile_c(source, ", ".join(program.name for _, _, program in members), cc or None, contract=members[0][2].contract)
     except CompileError:
       return {key: self._build_alone(record_key, program, cc) for key, record_key, program in members}
-    built = {}
-    for (key, record_key, program), symbol in zip(members, symbols):
-      record = {"library": library_key(source, cc, contract), "symbol": symbol,
-                "buffers": len(program.globals), "parallel": program.parallel}
-      write_record(record_key, record)
-      built[key] = _function(lib, record)
-    return built
+    return {key: _function(lib, _write_record(record_key, program, source, cc, symbol))
+            for (key, record_key, program), symbol in zip(members, symbols)}
 
   @staticmethod
   def _build_alone(record_key: str, program, cc: str) -> tuple:
     source = render_c(program)
     if DEBUG() >= 4: print(source)
     lib = compile_c(source, program.name, cc or None, contract=program.contract)
-    record = {"library": library_key(source, cc, program.contract), "symbol": program.name,
-              "buffers": len(program.globals), "parallel": program.parallel}
-    write_record(record_key, record)
-    return _function(lib, record)
+    return _function(lib, _write_record(record_key, program, source, cc, program.name))
 
   def exec(self, item, bufs) -> None:
     fn, extent, address = self.program(item)
     run_parallel(fn, [b.allocate().address for b in bufs], extent, item.points, address)
+
+
+def _write_record(record_key: str, program, source: str, cc: str, symbol: str) -> dict:
+  """The record of a kernel built as `symbol` in the library compiled from `source`, written to disk."""
+  record = {"library": library_key(source, cc, program.contract), "symbol": symbol,
+            "buffers": len(program.globals), "parallel": program.parallel}
+  write_record(record_key, record)
+  return record
 
 
 def _function(lib: ctypes.CDLL, record: dict) -> tuple:
