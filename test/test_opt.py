@@ -280,8 +280,9 @@ def test_strided_operand_is_packed_into_panels(monkeypatch):
   assert ranges[0][:3] == ("gidx1", n // p, True) and ranges[1][1] == m // TILE_ROWS and program.parallel == n // p
 
 
-# (m, k, n) of x @ w.T with w (n, k), a Linear layer's weight: w's panels are packed ahead
-LINEAR_MATMULS = [(32, 64, 128), (50, 30, 192), (6, 40, 64 * 3), (2 * 16, 24, 64)]
+# (m, k, n) of x @ w.T with w (n, k), a Linear layer's weight: w's panels are packed ahead, except
+# for the third (too few rows: TRANSPOSED_PACK_MIN_REUSE)
+LINEAR_MATMULS = [(64, 64, 128), (70, 30, 192), (6, 40, 64 * 3), (2 * 32, 24, 64)]
 
 
 @pytest.mark.parametrize("m,k,n", LINEAR_MATMULS, ids=[f"{m}x{k}x{n}" for m, k, n in LINEAR_MATMULS])
@@ -298,7 +299,7 @@ def test_transposed_operand_is_packed_into_panels(monkeypatch):
   reduce (dot products). Packed into panels, w's lanes run along the output columns, and the kernel
   is the broadcast-times-vector register tile of a plain matmul."""
   monkeypatch.setenv("NOOPT", "0")
-  m, k, n, p = 32, 48, 128, panel_width(dtypes.float32)
+  m, k, n, p = 64, 48, 128, panel_width(dtypes.float32)
   x, w = Tensor.rand(m, k, device="NUMPY").realize(), Tensor.rand(n, k, device="NUMPY").realize()
   pack, matmul = _kernels(x @ w.T)
   assert pack.inputs == (w.lazydata.base,) and pack.output.shape == (1, n // p, k, p) and pack.op_count == 0
@@ -310,10 +311,10 @@ def test_transposed_operand_is_packed_into_panels(monkeypatch):
   assert not [u for u in program.uops if u.op is UOps.GEP]                                  # no horizontal sums
 
 
-@pytest.mark.parametrize("m,noopt,other", [(8, "0", False), (32, "1", False), (32, "0", True)], ids=["few-rows", "noopt", "transposed-consumer"])
+@pytest.mark.parametrize("m,noopt,other", [(32, "0", False), (64, "1", False), (64, "0", True)], ids=["few-rows", "noopt", "transposed-consumer"])
 def test_transposed_operand_not_packed(monkeypatch, m, noopt, other):
-  # too few rows to repay the copy, NOOPT, and a fused consumer that reads the output's transpose
-  # (no lanes along the output's columns for it)
+  # too few rows to repay the transposing copy (32, where a plain operand would be packed from 16),
+  # NOOPT, and a fused consumer that reads the output's transpose (no lanes along its columns for it)
   monkeypatch.setenv("NOOPT", noopt)
   x, w = Tensor.rand(m, 48, device="NUMPY").realize(), Tensor.rand(128, 48, device="NUMPY").realize()
   out = x @ w.T

@@ -51,6 +51,10 @@ from tinychad.view import ShapeTracker
 PACK_MIN_STRIDE_BYTES = 4096
 # packing reads and writes the operand once; it pays off when the kernel reads it this many times over
 PACK_MIN_REUSE = 16
+# a transposed operand's pack is a transposing copy, dearer: x (M rows) @ w.T, w 1024x1024, 2 threads:
+# M=16 0.21 -> 0.41 ms, M=32 0.39 -> 0.52, M=64 0.81 -> 0.69, M=256 3.3 -> 1.8 ms (w 1024x256: M=32
+# 0.15 -> 0.12, M=64 0.32 -> 0.16)
+TRANSPOSED_PACK_MIN_REUSE = 64
 
 
 @dataclass
@@ -408,7 +412,8 @@ def _plain(st: ShapeTracker, base: LazyBuffer) -> bool:
 def _lane_to_pack(load: KernelNode, reduce_axes: tuple[int, ...], full: tuple[int, ...], panel: int,
                   store: KernelNode, loads: list[KernelNode]) -> int | None:
   """The lane axis (a multiple of `panel` long) along which `load` should be packed into panels, or
-  None. Packing needs one plain view that is reused (stride 0 along other output axes) and either
+  None. Packing needs one plain view that is reused (stride 0 along other output axes, for at least
+  PACK_MIN_REUSE points, TRANSPOSED_PACK_MIN_REUSE for a transposed operand) and either
   steps far along a reduce axis while it runs along the lane axis (B in a matmul too big to stage in
   the kernel), or is transposed: it runs along a reduce axis and along no output axis (the weight of
   x @ weight.T, a Linear layer). A transposed operand would make the kernel take its SIMD lanes along
@@ -419,13 +424,14 @@ def _lane_to_pack(load: KernelNode, reduce_axes: tuple[int, ...], full: tuple[in
   st = load.arg[1]
   if len(st.views) != 1 or st.views[0].mask is not None: return None
   strides, itemsize = st.views[0].strides, load.dtype.itemsize
-  if prod(s for a, s in enumerate(full) if a not in reduce_axes and strides[a] == 0) < PACK_MIN_REUSE: return None
+  reuse = prod(s for a, s in enumerate(full) if a not in reduce_axes and strides[a] == 0)
+  if reuse < PACK_MIN_REUSE: return None
   lanes = [a for a, s in enumerate(full) if a not in reduce_axes and s % panel == 0]
   if any(strides[a] == 1 for a in range(len(full)) if a not in reduce_axes):
     if not any(abs(strides[a]) * itemsize >= PACK_MIN_STRIDE_BYTES for a in reduce_axes): return None
     if prod(full[a] for a in reduce_axes) * panel * itemsize <= STAGE_MAX_BYTES: return None   # staged in the kernel
     return next((a for a in lanes if strides[a] == 1), None)
-  if not any(strides[a] == 1 for a in reduce_axes): return None
+  if reuse < TRANSPOSED_PACK_MIN_REUSE or not any(strides[a] == 1 for a in reduce_axes): return None
   def lanes_fit(a: int) -> bool:
     """The store writes consecutive elements along a, and every other load one or consecutive ones."""
     if store.arg[1].views[-1].strides[a] != 1: return False
