@@ -31,8 +31,9 @@ reshape its layout can't express becomes one view), and one layout rule (off wit
     lane axis is split into (panels, P) to read it through a single view. Only where one panel
     is too big to stage: codegen copies a smaller one inside the kernel, each thread its own panel
     while it is in cache (opt.py's `stage`), which costs no pass over memory and no kernel launch.
-    A transposed operand (w.T in x @ w.T: contiguous along the reduce, along no output axis) is
-    packed into panels whatever its size, so the kernel gets SIMD lanes along its output columns.
+    A transposed operand (w.T in x @ w.T: contiguous along the reduce, along no output axis) read
+    by TRANSPOSED_PACK_MIN_REUSE rows or more is packed into panels whatever its size, so the kernel
+    gets SIMD lanes along its output columns.
 """
 from __future__ import annotations
 from dataclasses import dataclass, field
