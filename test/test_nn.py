@@ -155,6 +155,11 @@ def test_lstm(kwargs):
               call=lambda lstm, x, h, c: (lambda out: out[1][0] + 3 * out[1][1])(lstm(x, (h, c))))
 
 
+def test_lstm_long_sequence():
+  """150 steps: the backward graph is thousands of ops deep, which the scheduler walks without recursion."""
+  check_layer(nn.LSTM(3, 4), torch.nn.LSTM(3, 4), randn(150, 2, 3) * 0.5, call=lambda lstm, x: lstm(x)[0])
+
+
 def test_lstm_unbatched_and_names():
   check_layer(nn.LSTM(3, 4), torch.nn.LSTM(3, 4), randn(6, 3), call=lambda lstm, x: lstm(x)[0])
   names = list(get_state_dict(nn.LSTM(3, 4, num_layers=2, bidirectional=True)))

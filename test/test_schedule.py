@@ -1,9 +1,11 @@
 """Kernel counts: what the scheduler fuses, and what it realizes once."""
 from __future__ import annotations
 import math
+import sys
 import numpy as np
 import pytest
 from tinychad import Tensor, GlobalCounters
+from tinychad.engine.schedule import MAX_FUSED_DEPTH
 from tinychad.ops import ReduceOps
 
 
@@ -139,6 +141,41 @@ def test_elementwise_read_several_times_by_one_kernel_stays_in_it():
   deep = x
   for _ in range(40): deep = deep * deep * 0.5 + deep
   assert kernels(deep) == 1
+
+
+def test_long_chain_is_cut_into_kernels():
+  """A loop of elementwise updates realized once: 600 ops deep, cut every MAX_FUSED_DEPTH ops."""
+  x = rand(8, 8)
+  out, expected = x, x.numpy()
+  for _ in range(300):
+    out = out * 0.999 + 0.01
+    expected = expected * np.float32(0.999) + np.float32(0.01)
+  assert kernels(out) == 600 // (MAX_FUSED_DEPTH + 1) + 1
+  np.testing.assert_allclose(out.numpy(), expected, rtol=1e-5)
+
+
+def test_deep_graphs_schedule_under_the_default_recursion_limit():
+  """An unrolled RNN's backward, and chains of reduces (softmax, layernorm) realized once: each
+  schedule walks a graph thousands of ops deep. Compared with PyTorch."""
+  torch = __import__("torch")
+  assert sys.getrecursionlimit() <= 1000
+  w0, h0 = np.random.default_rng(0).standard_normal((2, 8, 8)).astype(np.float32) * 0.4
+  w, wt = Tensor(w0, requires_grad=True), torch.tensor(w0, requires_grad=True)
+  h, ht = Tensor(h0), torch.tensor(h0)
+  for _ in range(300): h, ht = (h @ w).tanh(), (ht @ wt).tanh()
+  (h * h).sum().backward()
+  (ht * ht).sum().backward()
+  np.testing.assert_allclose(w.grad.numpy(), wt.grad.numpy(), rtol=1e-4, atol=1e-5)
+  x = Tensor(h0, requires_grad=True)
+  xt = torch.tensor(h0, requires_grad=True)
+  y, yt = x, xt
+  for _ in range(100):
+    y = y.softmax(-1).layernorm() * 1.5
+    yt = torch.nn.functional.layer_norm(yt.softmax(-1), (8,), eps=1e-5) * 1.5
+  (y * y[0]).sum().backward()
+  (yt * yt[0]).sum().backward()
+  np.testing.assert_allclose(y.numpy(), yt.detach().numpy(), rtol=1e-4, atol=1e-4)
+  np.testing.assert_allclose(x.grad.numpy(), xt.grad.numpy(), rtol=1e-3, atol=1e-4)
 
 
 def test_schedule_does_not_run():

@@ -20,7 +20,12 @@ Fusion rules, in order:
     inlined too, with the per-row ops between them; the kernel reduces a row, then loops over the
     row again while it is in cache to compute and store it (codegen's "row pass"). Of several
     candidates, the one the others feed (the variance, not the mean);
-  - a kernel holds at most one reduce; any other reduce it needs is realized first.
+  - a kernel holds at most one reduce; any other reduce it needs is realized first;
+  - a chain of inlined ops at most MAX_FUSED_DEPTH deep: a base deeper than that in its kernel's tree
+    is realized, so a loop of updates realized once at the end becomes several kernels.
+Kernels are scheduled in the graph's order, sources first, and the fusion questions that walk
+along the graph run on a stack of their own (_answer): an unrolled RNN thousands of ops deep
+schedules without Python recursion.
 After fusion, an elementwise kernel may run over a finer shape (codegen/refine.py: a load that reads a
 reshape its layout can't express becomes one view), and one layout rule (off with NOOPT=1):
   - a realized operand that a reduce reads with a large step along a reduce axis (a row of B in a
@@ -38,6 +43,7 @@ reshape its layout can't express becomes one view), and one layout rule (off wit
 from __future__ import annotations
 from dataclasses import dataclass, field
 import time
+from typing import Any, Generator
 from tinychad.codegen.opt import STAGE_MAX_BYTES, panel_width
 from tinychad.codegen.refine import refine_kernel_shape
 from tinychad.device import Buffer, Device
@@ -56,6 +62,10 @@ PACK_MIN_REUSE = 16
 # M=16 0.21 -> 0.41 ms, M=32 0.39 -> 0.52, M=64 0.81 -> 0.69, M=256 3.3 -> 1.8 ms (w 1024x256: M=32
 # 0.15 -> 0.12, M=64 0.32 -> 0.16)
 TRANSPOSED_PACK_MIN_REUSE = 64
+# ops one kernel may chain: a longer chain (a loop of elementwise updates, realized once at the end)
+# is cut into kernels this deep. Building, lowering and rendering a kernel tree recurse along it,
+# ~3 Python frames per op, which keeps a kernel well inside Python's default limit of 1000
+MAX_FUSED_DEPTH = 128
 
 
 @dataclass
@@ -125,6 +135,26 @@ def _kernel_info(ast: KernelNode, out_shape: tuple[int, ...]) -> tuple[str, tupl
   return info
 
 
+# a fusion question: a generator that yields the questions it needs answered and returns its answer
+Question = Generator[Generator, Any, Any]
+
+
+def _answer(question: Question) -> Any:
+  """Run `question`, sending each question it yields that one's answer, with the questions still
+  waiting on a list: a chain of them thousands long needs no Python recursion."""
+  waiting, answer = [question], None
+  while True:
+    try:
+      asked = waiting[-1].send(answer)
+    except StopIteration as finished:
+      waiting.pop()
+      if not waiting: return finished.value
+      answer = finished.value
+    else:
+      waiting.append(asked)
+      answer = None
+
+
 class _Scheduler:
   def __init__(self, outs: list[LazyBuffer]):
     self.targets = {o.base for o in outs}
@@ -140,25 +170,42 @@ class _Scheduler:
     self._count_uses([o.base for o in outs])
 
   def _count_uses(self, roots: list[LazyBuffer]) -> None:
-    seen, stack = set(), list(roots)
+    """Fill uses and readers, and `order`: every base to compute, sources before the bases that read
+    them. Depth first with a stack of its own: graphs thousands of ops deep (an unrolled RNN's
+    backward) must not recurse."""
+    self.order: list[LazyBuffer] = []
+    seen: set[LazyBuffer] = set()
+    stack = [(root, False) for root in reversed(roots)]
     while stack:
-      base = stack.pop()
+      base, sources_done = stack.pop()
+      if sources_done:
+        self.order.append(base)
+        continue
       if base in seen or base.realized is not None: continue
       seen.add(base)
       if isinstance(base.op, ReduceOps): self.has_reduce = True
-      for src in base.srcs:
+      stack.append((base, True))
+      for src in reversed(base.srcs):
         child = src.base
         self.uses[child] = self.uses.get(child, 0) + 1
         self.readers.setdefault(child, []).append((base, src.st))
-        stack.append(child)
+        stack.append((child, False))
 
-  def must_realize(self, base: LazyBuffer) -> bool:
+  # The fusion questions below (must this base be realized? does one kernel read all of it? is it
+  # cheap to recompute?) ask each other along chains of ops, forwards and backwards, and an unrolled
+  # RNN's backward chains thousands of ops. So they are generators that yield the questions they
+  # need answered, and _answer runs them on a list of its own instead of Python's call stack.
+  def must_realize(self, base: LazyBuffer) -> bool: return _answer(self._must_realize(base))
+
+  def _must_realize(self, base: LazyBuffer) -> Question:
     if base.realized is not None or base in self.targets or base in self.forced: return True
     if base.op is LoadOps.CONST: return False
     if isinstance(base.op, LoadOps): return True
-    return self.uses.get(base, 0) > 1 and self._single_kernel(base) is None and not self._cheap(base)
+    if self.uses.get(base, 0) <= 1: return False
+    if (yield self._single_kernel(base)) is not None: return False
+    return not (yield self._cheap(base))
 
-  def _single_kernel(self, base: LazyBuffer) -> LazyBuffer | None:
+  def _single_kernel(self, base: LazyBuffer) -> Question:
     """The output of the one kernel every read of elementwise `base` is inlined into, or None when
     its reads land in several kernels (or in a reduce, or through a view that forces a load).
     erf's x*x is read by both of its polynomials: it stays in registers instead of memory."""
@@ -168,7 +215,7 @@ class _Scheduler:
     for reader, st in self.readers.get(base, ()):
       if isinstance(reader.op, ReduceOps) or isinstance(base.op, ReduceOps): return None
       if st.has_mask or prod(st.shape) > base.size: return None
-      here = reader if self.must_realize(reader) else self._single_kernel(reader)
+      here = reader if (yield self._must_realize(reader)) else (yield self._single_kernel(reader))
       if here is None or (owner is not None and here is not owner): return None
       owner = here
     self._owner_memo[base] = owner
@@ -176,21 +223,21 @@ class _Scheduler:
 
   CHEAP_OPS = 8   # ALU ops an elementwise base may have and still be recomputed by each consumer
 
-  def _cheap(self, base: LazyBuffer) -> bool:
+  def _cheap(self, base: LazyBuffer) -> Question:
     if base not in self._cheap_memo:
-      self._cheap_memo[base] = self._count_fused_ops(base, self.CHEAP_OPS) is not None
+      self._cheap_memo[base] = (yield self._count_fused_ops(base, self.CHEAP_OPS)) is not None
     return self._cheap_memo[base]
 
-  def _count_fused_ops(self, base: LazyBuffer, budget: int) -> int | None:
+  def _count_fused_ops(self, base: LazyBuffer, budget: int) -> Question:
     """ALU ops in the part of base's graph a kernel would inline; None if over budget or a reduce is inlined."""
     if isinstance(base.op, ReduceOps) or isinstance(base.op, LoadOps): return None
     used = 1
     for src in base.srcs:
       child = src.base
-      if child.realized is not None or child.op is LoadOps.CONST or self.must_realize(child): continue
+      if child.realized is not None or child.op is LoadOps.CONST or (yield self._must_realize(child)): continue
       if isinstance(child.op, ReduceOps) and not _plain(src.st, child): continue   # it will be loaded
       if src.st.has_mask or src.size > child.size: continue   # build() force-loads it (layernorm's mean)
-      more = self._count_fused_ops(child, budget - used)
+      more = yield self._count_fused_ops(child, budget - used)
       if more is None: return None
       used += more
     return used if used <= budget else None
@@ -223,6 +270,21 @@ class _Scheduler:
     candidates = [r for r in self._inlined_reduces(out, False) if _row_reduce_fits(r, out.shape)]
     last = [r for r in candidates if not any(r in self._inlined_reduces(other, True) for other in candidates if other is not r)]
     return last[0] if len(last) == 1 else None
+
+  def schedule(self) -> None:
+    """A kernel for every base that must be realized, sources first: when a kernel is built, the
+    kernels it loads from are scheduled already, so building never recurses from one kernel into
+    the next (only into a base a build decides to load, which has nothing left to wait for)."""
+    # how many ops deep each base's inlined tree would be: past MAX_FUSED_DEPTH the base gets a
+    # kernel of its own, so no kernel tree is deep enough to recurse past Python's limit
+    depth: dict[LazyBuffer, int] = {}
+    for base in self.order:
+      if not self.must_realize(base):
+        depth[base] = 1 + max((depth.get(src.base, 0) for src in base.srcs), default=0)
+        if depth[base] <= MAX_FUSED_DEPTH: continue
+        self.forced.add(base)
+      depth[base] = 0
+      self.realize(base)
 
   def realize(self, base: LazyBuffer) -> None:
     """Schedule the kernel that computes `base` (after everything it needs)."""
@@ -470,7 +532,7 @@ def create_schedule(outs: list[LazyBuffer]) -> list[ScheduleItem]:
   items = remembered(key, nodes, _item_from_template)
   if items is None:
     scheduler = _Scheduler(outs)
-    for out in outs: scheduler.realize(out.base)
+    scheduler.schedule()
     items = scheduler.items
     remember(key, nodes, items)
   return items
