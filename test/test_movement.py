@@ -388,12 +388,18 @@ def test_window_of_an_inlined_elementwise_result():
 
 def test_tensor_index_reads_rows_with_one_gather():
   """An embedding lookup is one GATHER kernel (one row read per index, no one-hot sum over the table);
-  its gradient, the one-hot sum, matches PyTorch's, repeated indices included."""
-  from tinychad.ops import BufferOps, ReduceOps
+  its gradient is one SCATTER_ADD kernel (again no sum over the table), and both match PyTorch's,
+  repeated indices included."""
+  from tinychad.ops import BufferOps, LoadOps, ReduceOps
   table, idx = random_inputs((50, 8))[0], np.array([[3, 49, 3], [0, -1, 7]])
-  out = Tensor(table)[Tensor(idx)]
+  weight = Tensor(table, requires_grad=True)
+  out = weight[Tensor(idx)]
   kernels = [item for item in out.schedule() if item.is_kernel]
   assert any(n.op is BufferOps.GATHER for item in kernels for n in item.ast.walk())
+  assert not any(isinstance(n.op, ReduceOps) for item in kernels for n in item.ast.walk())
+  out.sum().backward()
+  kernels = [item for item in weight.grad.schedule() if item.is_kernel]
+  assert [item.ast.op for item in kernels].count(LoadOps.SCATTER_ADD) == 1
   assert not any(isinstance(n.op, ReduceOps) for item in kernels for n in item.ast.walk())
   compare([table, idx], lambda t, i: t[i], lambda t, i: t[i])
   compare([(4, 6, 5), np.array([2, 0, 2])], lambda x, i: x[:, i].exp(), lambda x, i: x[:, i].exp())
@@ -403,8 +409,31 @@ def test_gather_reads_zeros_outside_the_table():
   """The GATHER op itself (tensor indexing checks bounds first): rows outside [0, rows) read 0."""
   from tinychad import function as F
   table = Tensor(np.arange(12, dtype=np.float32).reshape(4, 3))
-  picked = F.Gather.apply(table, Tensor(np.array([1, 4, -1, 3, 1 << 40])), Tensor.arange(4, dtype=dtypes.int64))
+  picked = F.Gather.apply(table, Tensor(np.array([1, 4, -1, 3, 1 << 40])))
   np.testing.assert_array_equal(picked.numpy(), [[3, 4, 5], [0, 0, 0], [0, 0, 0], [9, 10, 11], [0, 0, 0]])
+
+
+@pytest.mark.parametrize("rows, row, count, dtype, index_dtype", [
+  (50, (32,), 200, np.float32, np.int64),        # SIMD lanes along the row
+  (7, (3, 5), 40, np.float32, np.int32),         # a row that no vector divides, int32 indices
+  (6, (16,), 30, np.float64, np.int64),
+  (5, (4,), 12, np.float16, np.int64),
+  (4, (), 9, np.float32, np.int64),              # scalar rows
+  (9, (48,), 0, np.float32, np.int64),           # nothing added: all zeros
+])
+def test_scatter_add(rows, row, count, dtype, index_dtype):
+  """A gather's gradient: row r gets the sum of the source rows whose index is r, in index order;
+  indices outside the table (negative, too large, past int32) add nothing. Against numpy's add.at."""
+  rng = np.random.default_rng(0)
+  source = rng.standard_normal((count,) + row).astype(dtype)
+  indices = rng.integers(-2, rows + 2, count).astype(index_dtype)
+  if count and index_dtype == np.int64: indices[0] = 1 << 40
+  expected = np.zeros((rows,) + row, dtype)
+  inside = (indices >= 0) & (indices < rows)
+  np.add.at(expected, indices[inside], source[inside])
+  out = Tensor(source).lazydata.scatter_add(Tensor(indices).lazydata, rows)
+  tolerance = 1e-2 if dtype == np.float16 else 1e-6
+  np.testing.assert_allclose(out.numpy(), expected, rtol=tolerance, atol=tolerance)
 
 
 def test_getitem_with_basic_indices_is_a_view():

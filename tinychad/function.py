@@ -40,23 +40,16 @@ class Contiguous(Function):
 
 
 class Gather(Function):
-  """table[indices]: the rows of table (rows, *row) that integer indices pick; `positions` holds
-  0..rows-1 (a tensor, so the backward can compare against it)."""
-  def forward(self, table: LazyBuffer, indices: LazyBuffer, positions: LazyBuffer) -> LazyBuffer:
-    self.indices, self.positions, self.rows = indices, positions, table.shape[0]
+  """table[indices]: the rows of table (rows, *row) that integer indices pick."""
+  def forward(self, table: LazyBuffer, indices: LazyBuffer) -> LazyBuffer:
+    self.indices, self.rows = indices, table.shape[0]
     return table.gather(indices)
   def backward(self, grad: LazyBuffer):
-    # each row of the table gets the sum of the gradient rows whose index picked it: a one-hot of the
-    # indices against every row number, then a sum over the index axes
-    picked_shape, row = self.indices.shape, grad.shape[len(self.indices.shape):]
-    ones = (1,) * len(picked_shape)
-    wide = picked_shape + (self.rows,)
-    picks = self.indices.reshape(picked_shape + (1,)).expand(wide)
-    one_hot = picks.e(BinaryOps.CMPEQ, self.positions.reshape(ones + (self.rows,)).expand(wide))
-    one_hot = one_hot.reshape(wide + (1,) * len(row)).expand(wide + row)
-    spread = grad.reshape(picked_shape + (1,) + row).expand(wide + row)
-    total = one_hot.e(TernaryOps.WHERE, spread, spread.const_like(0)).r(ReduceOps.SUM, tuple(range(len(picked_shape))))
-    return total.reshape((self.rows,) + row), None, None
+    # each row of the table gets the sum of the gradient rows whose index picked it
+    picks = math.prod(self.indices.shape)
+    row = grad.shape[len(self.indices.shape):]
+    flat = grad.reshape((picks,) + row).scatter_add(self.indices.reshape((picks,)), self.rows)
+    return flat, None
 
 
 class Copy(Function):

@@ -118,7 +118,7 @@ def _tensor_index(x: Tensor, positions: list[int], indices: list[Tensor], orig_s
   moved = x.permute(positions + rest)
   rest_shape = tuple(x.shape[d] for d in rest)
   moved = moved.reshape((stride,) + rest_shape)
-  out = F.Gather.apply(moved, flat, Tensor.arange(stride, dtype=flat.dtype, device=x.device))
+  out = F.Gather.apply(moved, flat)
   consecutive = positions == list(range(positions[0], positions[0] + len(positions)))
   if consecutive and positions[0] > 0:
     nb, first = len(bshape), positions[0]

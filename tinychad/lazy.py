@@ -137,6 +137,14 @@ class LazyBuffer:
     shape = indices.shape + self.shape[1:]
     return LazyBuffer(self.device, ShapeTracker.from_shape(shape), self.dtype, LoadOps.GATHER, None, (table, indices))
 
+  def scatter_add(self, indices: LazyBuffer, rows: int) -> LazyBuffer:
+    """A table of `rows` rows shaped like self's (n, *row) rows, each the sum of the rows of self whose
+    integer index (indices, shape (n,)) is its row number. A load op with a kernel of its own
+    (codegen/scatter.py): n additions per element of a row, not a one-hot reduce over the table."""
+    shape = (rows,) + self.shape[1:]
+    return LazyBuffer(self.device, ShapeTracker.from_shape(shape), self.dtype, LoadOps.SCATTER_ADD, rows,
+                      (self.contiguous(), indices.contiguous()))
+
   def copy_to_device(self, device: str) -> LazyBuffer:
     if device == self.device: return self
     src = self.contiguous()

@@ -68,6 +68,8 @@ class LoadOps(_OpEnum):
   COPY = auto()        # copy a buffer from another device
   CONTIGUOUS = auto()  # materialise a view into its own buffer
   GATHER = auto()      # rows of a table picked by integer indices: srcs = (table, indices), out[i..., j...] = table[indices[i...], j...]
+  SCATTER_ADD = auto() # a gather's gradient: srcs = (rows (n, row...), indices (n,)), arg = table rows; out[r, j...] = the
+                       # sum of rows[i, j...] over every i with indices[i] == r (an index outside the table adds nothing)
 
 
 class BufferOps(_OpEnum):

@@ -34,7 +34,7 @@ from tinychad.codegen.opt import LeafAccess, Opts, choose_opts, panel_strides, r
 class UOps(Enum):
   DEFINE_GLOBAL = auto()  # a kernel argument: arg = (buffer number, writable)
   DEFINE_LOCAL = auto()   # a scratch array of the thread running the call: arg = elements; 64-byte aligned
-  CONST = auto()          # a literal: arg = value
+  CONST = auto()          # a literal: arg = value; with vec > 1 the value in every lane
   RANGE = auto()          # open a loop: arg = (variable name, extent, parallel, unroll); a parallel loop runs
                           # [start, end); unroll > 1 asks the compiler to repeat the body that many times
   ENDRANGE = auto()       # close the loop in srcs[0]

@@ -4,7 +4,7 @@ in: the LazyBuffers to realize
 out: ScheduleItems, dependencies first. Each is one kernel tree (loads with views -> ALU ops -> at most
      one reduce -> ALU ops -> store) plus the buffers it reads and writes.
 Fusion rules, in order:
-  - a base that is already realized, a load op (COPY, EMPTY, CONTIGUOUS, GATHER) or used more than once is
+  - a base that is already realized, a load op (COPY, EMPTY, CONTIGUOUS, GATHER, SCATTER_ADD) or used more than once is
     its own kernel (so a tensor used twice is computed once), except a cheap elementwise base (a few
     ALU ops over realized inputs, no reduce): re-reading its inputs costs less than writing it to
     memory and reading it back, so each consumer recomputes it (softmax's exp is one), and an
@@ -78,7 +78,7 @@ class ScheduleItem:
   _info: tuple[str, tuple[int, ...], int, int, int] | None = field(default=None, init=False, repr=False, compare=False)
 
   @property
-  def is_kernel(self) -> bool: return self.ast.op is BufferOps.STORE
+  def is_kernel(self) -> bool: return self.ast.op is BufferOps.STORE or self.ast.op is LoadOps.SCATTER_ADD
 
   @property
   def info(self) -> tuple[str, tuple[int, ...], int, int, int]:
@@ -118,7 +118,10 @@ def _kernel_info(ast: KernelNode, out_shape: tuple[int, ...]) -> tuple[str, tupl
   """(name, iteration space, ops per point) of a kernel tree, worked out once per distinct tree."""
   key = (ast, out_shape)
   if key in _info_cache: return _info_cache[key]
-  if ast.op is not BufferOps.STORE:
+  if ast.op is LoadOps.SCATTER_ADD:
+    rows, count, width, _ = ast.arg
+    info = (f"scatter_add_{rows}_{count}_{width}", (count, width), 1)
+  elif ast.op is not BufferOps.STORE:
     info = (ast.op.name.lower(), out_shape, 0)
   else:
     nodes = ast.walk()
@@ -296,6 +299,12 @@ class _Scheduler:
       src = base.srcs[0].base
       self.realize(src)
       self.items.append(ScheduleItem(KernelNode(LoadOps.COPY), base, (src,)))
+    elif base.op is LoadOps.SCATTER_ADD:
+      # both sources are contiguous (LazyBuffer.scatter_add made them so): the kernel reads their buffers
+      rows, indices = (src.base for src in base.srcs)
+      for src in (rows, indices): self.realize(src)
+      arg = (base.arg, indices.size, base.size // max(base.arg, 1), indices.dtype)
+      self.items.append(ScheduleItem(KernelNode(LoadOps.SCATTER_ADD, (), arg, base.dtype), base, (rows, indices)))
     else:
       builder = _KernelBuilder(self, base)
       ast = refine_kernel_shape(builder.kernel())

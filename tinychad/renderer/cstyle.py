@@ -74,6 +74,7 @@ class CRenderer:
   def ref(self, u: UOp) -> str:
     if u.op is UOps.CONST:
       text = render_const(u.arg, u.dtype)
+      if u.vec > 1: return f"(({self.type_name(u.dtype, u.vec)}){{}} + {text})"
       # parenthesise negative literals so `a - -1` never prints as `a--1`
       return f"({text})" if text.startswith("-") else text
     return self.names[id(u)]

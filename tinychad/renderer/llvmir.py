@@ -125,7 +125,7 @@ class LLVMRenderer:
 
   def ref(self, u: UOp) -> ir.Value | list[ir.Value]:
     """A scalar's value, or a SIMD value's list of lanes."""
-    if u.op is UOps.CONST: return const(u.arg, u.dtype)
+    if u.op is UOps.CONST: return [const(u.arg, u.dtype)] * u.vec if u.vec > 1 else const(u.arg, u.dtype)
     if u.op is UOps.DEFINE_ACC and _simd(u):
       whole = self.accumulator_value(u)
       return [self.b.extract_element(whole, ir.Constant(ir.IntType(32), i)) for i in range(u.vec)]

@@ -8,7 +8,7 @@ so it follows C semantics exactly (truncating integer division, fmod remainder).
 from __future__ import annotations
 import numpy as np
 from tinychad.dtype import DType, dtypes
-from tinychad.ops import UnaryOps, BinaryOps, TernaryOps, ReduceOps, BufferOps, KernelNode
+from tinychad.ops import UnaryOps, BinaryOps, TernaryOps, ReduceOps, BufferOps, LoadOps, KernelNode
 from tinychad.view import ShapeTracker, View
 
 
@@ -93,6 +93,14 @@ def evaluate(node: KernelNode, bufs: list[np.ndarray], cache: dict) -> np.ndarra
   return out
 
 
+def scatter_add(node: KernelNode, table: np.ndarray, rows: np.ndarray, indices: np.ndarray) -> None:
+  """table[r] = the sum of rows[i] over every i with indices[i] == r (see LoadOps.SCATTER_ADD)."""
+  count, width = node.arg[1], node.arg[2]
+  table[:] = 0
+  inside = (indices >= 0) & (indices < node.arg[0])
+  np.add.at(table.reshape(-1, width), indices[inside].astype(np.int64), rows.reshape(count, width)[inside])
+
+
 class NumpyDevice:
   def __init__(self, name: str): self.name = name
 
@@ -102,6 +110,9 @@ class NumpyDevice:
   def exec(self, item, bufs) -> None:
     store = item.ast
     arrays = [b.as_numpy() for b in bufs]
+    if store.op is LoadOps.SCATTER_ADD:
+      scatter_add(store, *arrays)
+      return
     with np.errstate(all="ignore"):
       result = evaluate(store.srcs[0], arrays, {})
     out_shape = store.arg[1].shape
