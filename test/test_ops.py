@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as TF
-from tinychad import Tensor, dtypes, no_grad
+from tinychad import GlobalCounters, Tensor, dtypes, no_grad
 
 pytestmark = pytest.mark.usefixtures("each_device")
 
@@ -622,6 +622,21 @@ def test_axis_ops(name, axis):
 def test_axis_ops_0d_and_large_values(name):
   helper_test_op([()], lambda x: getattr(x, name)(0))
   helper_test_op([(2, 4)], lambda x: getattr(x, name)(1), low=200, high=300, atol=1e-3 if name == "cumsum" else 1e-5)
+
+
+@pytest.mark.parametrize("shape, axis", [((3, 33), 1), ((1025, 2), 0), ((2, 3000), -1)], ids=str)
+def test_cumsum_of_long_rows(shape, axis):
+  """Rows longer than a block are summed in blocks: one level of them, and two (3000 = 94 blocks of 32)."""
+  helper_test_op([shape], lambda x: x.cumsum(axis), atol=1e-4, rtol=1e-5)
+  helper_test_op([shape], lambda x: x.cumsum(axis), dtype=dtypes.int32, low=-3, high=3)
+
+
+def test_cumsum_work_grows_slower_than_the_square():
+  """A row of 4096 by one triangle would be 4096^2 = 16.8M terms; in blocks it is under a tenth of that."""
+  x = Tensor.rand(4096).realize()
+  GlobalCounters.reset()
+  x.cumsum(0).realize()
+  assert GlobalCounters.global_ops < 4096 * 4096 // 10
 
 
 def test_softmax_dtype():
