@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as TF
 from hypothesis import given, settings, strategies as st
-from tinychad import Tensor, dtypes
+from tinychad import GlobalCounters, Tensor, dtypes
 from tinychad.runtime.ops_numpy import read_view
 from tinychad.view import ShapeTracker
 from torch_reference import compare, random_inputs
@@ -144,6 +144,17 @@ def test_cat_bool():
 @pytest.mark.parametrize("dim", [0, 1, 2, -1])
 def test_stack(dim):
   compare([(2, 3), (2, 3), (2, 3)], lambda *xs: torch.stack(xs, dim=dim), lambda *xs: Tensor.stack(*xs, dim=dim))
+
+
+def test_cat_of_many_pieces():
+  """More than CAT_MAX_PIECES pieces go in groups: values, mixed dtypes and gradients as PyTorch's,
+  and each output element reads about 2*sqrt(n) padded pieces instead of n."""
+  shapes = [(2, k % 3) for k in range(37)] + [np.arange(4).reshape(2, 2)]
+  compare(shapes, lambda *xs: torch.cat(xs, dim=1), lambda *xs: Tensor.cat(*xs, dim=1))
+  pieces = [Tensor.rand(64).realize() for _ in range(256)]
+  GlobalCounters.reset()
+  Tensor.stack(*pieces).realize()
+  assert GlobalCounters.global_ops < 256 * 64 * 256 // 4
 
 
 def test_stack_list_of_scalars():

@@ -18,6 +18,7 @@ from tinychad.ops import BinaryOps
 
 Scalar = int | float | bool
 CUMSUM_BLOCK = 32   # a cumsum row longer than this is summed in blocks (Tensor._running_sum)
+CAT_MAX_PIECES = 16  # a cat of more tensors goes in two steps (Tensor.cat)
 
 
 def _shape_str(shape) -> str: return str(tuple(int(s) for s in shape))
@@ -458,6 +459,13 @@ class Tensor:
       if t.ndim != self.ndim or any(a != b for i, (a, b) in enumerate(zip(t.shape, self.shape)) if i != dim):
         raise ValueError(f"cat: shapes {[_shape_str(x.shape) for x in tensors]} differ outside dim {dim}")
     dtype = promote_types(*[t.dtype for t in tensors])
+    if len(tensors) > CAT_MAX_PIECES:
+      # every piece is a padded view read by each output element: n pieces cost n reads per element.
+      # Groups of ~sqrt(n) are concatenated first (each its own kernel: the scheduler realizes a
+      # padded input), then the groups: 2*sqrt(n) reads (an LSTM's 150 steps: 150 -> 25)
+      size = math.isqrt(len(tensors) - 1) + 1
+      groups = [Tensor.cat(*tensors[i:i + size], dim=dim) for i in range(0, len(tensors), size)]
+      return Tensor.cat(*groups, dim=dim).cast(dtype)
     total = sum(t.shape[dim] for t in tensors)
     out, start = None, 0
     for t in tensors:
