@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as TF
-from tinychad import Tensor, dtypes
+from tinychad import GlobalCounters, Tensor, dtypes
 from torch_reference import compare, random_inputs
 from tinychad.nn.functional import _input_gradient_by_taps as _tapwise
 
@@ -127,6 +127,18 @@ CONV_TRANSPOSE2D = [
   dict(x=(1, 2, 4, 4), w=(2, 3, 4, 4), stride=2, padding=1, dilation=1),
   dict(x=(2, 3, 3), w=(2, 2, 2, 2), stride=2),
 ]
+
+
+def test_strided_conv_transpose_goes_tap_by_tap():
+  """A stride-2 transposed convolution skips the zeros between the strides: its multiply-adds are the
+  input's positions times the taps, not the output's (a quarter of them in 2-D)."""
+  x, w = Tensor.rand(2, 8, 6, 6).realize(), Tensor.rand(8, 4, 3, 3).realize()
+  GlobalCounters.reset()
+  x.conv_transpose2d(w, stride=2).realize()
+  needed = 2 * 6 * 6 * 8 * 4 * 3 * 3
+  # a multiply and an add per needed multiply-add, plus the sum of the taps' views (54k here); the
+  # spread input's convolution does 13x13 positions instead of 6x6 (195k)
+  assert GlobalCounters.global_ops < 3 * needed
 
 
 @pytest.mark.parametrize("case", CONV_TRANSPOSE2D, ids=[str(i) for i in range(len(CONV_TRANSPOSE2D))])

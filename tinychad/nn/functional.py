@@ -315,7 +315,11 @@ def conv(x: Tensor, weight: Tensor, bias: Tensor | None, stride, padding, dilati
 
 def conv_transpose(x: Tensor, weight: Tensor, bias: Tensor | None, stride, padding, output_padding, groups: int, dilation, n: int) -> Tensor:
   """The gradient of a convolution: spread the input by `stride` (zeros between), then a convolution
-  with the flipped, channel-swapped weight and padding dilation*(k-1)-padding."""
+  with the flipped, channel-swapped weight and padding dilation*(k-1)-padding. Where that convolution
+  would mostly multiply the zeros between the strides (stride 2: three in four products in 2-D), it
+  is the input gradient of the convolution this one transposes, computed tap by tap instead
+  (_input_gradient_by_taps; 64 -> 32 channels, 28x28 -> 56x56, batch 32, forward and backward:
+  103 -> 47-50 ms, PyTorch 36-44 ms)."""
   op = f"conv_transpose{n}d"
   if x.ndim == n + 1: return conv_transpose(x.unsqueeze(0), weight, bias, stride, padding, output_padding, groups, dilation, n).squeeze(0)
   if x.ndim != n + 2 or weight.ndim != n + 2:
@@ -326,6 +330,14 @@ def conv_transpose(x: Tensor, weight: Tensor, bias: Tensor | None, stride, paddi
     raise ValueError(f"{op}: input {_shape_str(x.shape)} has {x.shape[1]} channels, weight {_shape_str(weight.shape)} expects {cin}")
   stride, dilation = _tuple(stride, n, "stride", op), _tuple(dilation, n, "dilation", op)
   padding, output_padding = _tuple(padding, n, "padding", op), _tuple(output_padding, n, "output_padding", op)
+  # the convolution this one transposes: from our output's shape to x's
+  geo = ConvGeometry(stride, tuple((p, p) for p in padding), dilation, groups)
+  sizes = tuple((size - 1) * s - 2 * p + d * (k - 1) + extra + 1
+                for size, s, p, d, k, extra in zip(x.shape[2:], stride, padding, dilation, kernel, output_padding))
+  out_shape = (x.shape[0], out_group * groups) + sizes
+  if all(size > 0 for size in sizes) and _tapwise_pays(out_shape, weight, x, geo):
+    out = _input_gradient_by_taps(_channels_last(x), weight, geo, out_shape)
+    return out if bias is None else out + bias.reshape((1, -1) + (1,) * n)
   x, w = _spread(x, stride), _flipped_transposed(weight, groups)
   pads = tuple((d * (k - 1) - p, d * (k - 1) - p + op_) for k, d, p, op_ in zip(kernel, dilation, padding, output_padding))
   return conv(x, w, bias, 1, pads, dilation, groups, n, op)
