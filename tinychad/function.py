@@ -48,8 +48,8 @@ class Gather(Function):
     # each row of the table gets the sum of the gradient rows whose index picked it
     picks = math.prod(self.indices.shape)
     row = grad.shape[len(self.indices.shape):]
-    flat = grad.reshape((picks,) + row).scatter_add(self.indices.reshape((picks,)), self.rows)
-    return flat, None
+    table_grad = grad.reshape((picks,) + row).scatter_add(self.indices.reshape((picks,)), self.rows)
+    return table_grad, None
 
 
 class Copy(Function):

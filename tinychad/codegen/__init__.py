@@ -1,8 +1,9 @@
 """The code generator: kernel trees in, linear IR out (see linearize.py); symbolic.py does index math.
 
 `lower_item` is what devices call: a ScheduleItem in, its Program out, printing the kernel tree and
-the IR at DEBUG>=3. A scatter-add (a gather's gradient) has a lowering of its own (scatter.py). With BEAM=n (n >= 1) the kernel's lanes and loop order come from a timed search
-(search.py) rather than from the heuristic alone; without it the search module isn't even imported.
+the IR at DEBUG>=3. A scatter-add (a gather's gradient) has a lowering of its own (scatter.py). With
+BEAM=n (n >= 1) the kernel's lanes and loop order come from a timed search (search.py) rather than
+from the heuristic alone; without it the search module isn't even imported.
 """
 from tinychad.codegen.linearize import UOp, UOps, Program, linearize
 from tinychad.codegen.scatter import lower_scatter_add
