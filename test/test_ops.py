@@ -231,6 +231,23 @@ def test_promotion_python_scalar(dtype, is_0d, scalar):
     assert_same(op(Tensor(values)), op(torch.tensor(values)), 1e-3, 1e-3, f"{dtype} {name} with {scalar!r}")
 
 
+def test_promotion_follows_a_changed_default_float():
+  # torch.set_default_dtype's counterpart: an int tensor times a float scalar takes the default float,
+  # whatever an earlier op of the same kind promoted to
+  x = Tensor([1, 2, 3])
+  assert (x * 0.5).dtype == dtypes.float32
+  saved = dtypes.default_float
+  try:
+    dtypes.default_float = dtypes.float64
+    torch.set_default_dtype(torch.float64)
+    assert_same(x * 0.5, torch.tensor([1, 2, 3]) * 0.5, 0, 0, "int64 tensor * 0.5 under a float64 default")
+    assert (x * 0.5).dtype == dtypes.float64
+  finally:
+    dtypes.default_float = saved
+    torch.set_default_dtype(torch.float32)
+  assert (x * 0.5).dtype == dtypes.float32
+
+
 CAST_VALUES = np.array([-3.75, -1.0, 0.0, 0.5, 2.25, 100.0], dtype=np.float32)
 
 

@@ -12,6 +12,7 @@ Two rewrites happen as ops are recorded (both off with NOOPT=1):
     threads (which split a kernel's output loop) share it.
 """
 from __future__ import annotations
+import functools
 import numpy as np
 from tinychad.dtype import DType, dtypes
 from tinychad.ops import UnaryOps, TernaryOps, ReduceOps, LoadOps, COMPARISONS, Op
@@ -60,7 +61,7 @@ class LazyBuffer:
     """A constant: one scalar, broadcast by a zero-stride view, no memory."""
     value = dtype.np(value).item()
     const = LazyBuffer(device, ShapeTracker.from_shape(()), dtype, LoadOps.CONST, value)
-    return const.reshape((1,) * len(shape)).expand(tuple(shape)) if shape else const
+    return LazyBuffer(device, _broadcast_tracker(tuple(shape)), dtype, base=const) if shape else const
 
   @staticmethod
   def empty(shape: tuple[int, ...], dtype: DType, device: str) -> LazyBuffer:
@@ -175,6 +176,12 @@ class LazyBuffer:
       return read_view(np.array([self.base.arg], dtype=self.dtype.np), self.st, self.dtype).copy()
     self.realize()
     return read_view(self.base.realized.as_numpy(), self.st, self.dtype).copy()
+
+
+@functools.lru_cache(maxsize=1024)
+def _broadcast_tracker(shape: tuple[int, ...]) -> ShapeTracker:
+  """The view of a 0-d constant at `shape`: every stride 0 (what reshape to 1s, then expand, gives)."""
+  return ShapeTracker.from_shape(()).reshape((1,) * len(shape)).expand(shape)
 
 
 def _shared_layout(inputs: tuple[LazyBuffer, ...]) -> tuple[int, ...] | None:
