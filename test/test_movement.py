@@ -157,6 +157,28 @@ def test_cat_of_many_pieces():
   assert GlobalCounters.global_ops < 256 * 64 * 256 // 4
 
 
+def test_gradients_of_many_slices():
+  """A tensor sliced many times (an RNN's x[t] per step) gets its gradient as PyTorch's: slices with gaps
+  between them, mixed with a use of the whole tensor, slices along an inner axis, and overlapping ones
+  (which are summed). Non-overlapping slices along one axis go together as a cat: each element of the
+  gradient reads about 2*sqrt(n) pieces, not all n."""
+  def rows(x):
+    picks = [t for t in (7 * k % 30 for k in range(30)) if t % 4 != 1]   # shuffled; every fourth row gets no gradient
+    return sum((x[t] * (t + 1)).sum() for t in picks) + (x * x).sum()
+  compare([(30, 5)], rows, rows, grad=True)
+  def columns(x): return sum((x[:, t:t + 2] * (t + 1)).sum() for t in range(0, 20, 2))
+  compare([(3, 20)], columns, columns, grad=True)
+  def overlapping(x): return sum((x[t // 2] * t).sum() for t in range(20))
+  compare([(10, 4)], overlapping, overlapping, grad=True)
+  x = Tensor.rand(256, 64, requires_grad=True)
+  total = None
+  for t in (37 * k % 256 for k in range(256)): total = x[t].sum() if total is None else total + x[t].sum()
+  total.backward()
+  GlobalCounters.reset()
+  x.grad.realize()
+  assert GlobalCounters.global_ops < 256 * 64 * 256 // 4
+
+
 def test_stack_list_of_scalars():
   compare([(), ()], lambda a, b: torch.stack([a, b]), lambda a, b: Tensor.stack([a, b]))
 

@@ -270,21 +270,24 @@ class Tensor:
     if self._ctx is None and not self.requires_grad:
       raise RuntimeError("backward: this tensor does not require grad and has no graph (was it made under no_grad()?)")
     if gradient.shape != self.shape: raise ValueError(f"backward: gradient shape {_shape_str(gradient.shape)} != tensor shape {_shape_str(self.shape)}")
-    grads: dict[int, LazyBuffer] = {id(self): gradient.lazydata}
+    # each tensor's gradients from its users are collected, then added up (F.sum_gradients) when its turn comes
+    grads: dict[int, list] = {id(self): [gradient.lazydata]}
     for node in reversed(self._toposort()):
-      grad = grads.pop(id(node), None)
-      if grad is None: continue
+      parts = grads.pop(id(node), None)
+      if parts is None: continue
+      grad = F.sum_gradients(parts)
       if node._ctx is None:
         if node.requires_grad is not False:
           new = Tensor(grad, requires_grad=False)
           node.grad = new if node.grad is None else (node.grad + new)
         continue
-      parent_grads = node._ctx.backward(grad)
+      ctx = node._ctx
+      parent_grads = (F.SliceGradient(grad, ctx.padding),) if isinstance(ctx, F.Shrink) else ctx.backward(grad)
       if not isinstance(parent_grads, tuple): parent_grads = (parent_grads,)
-      for parent, pgrad in zip(node._ctx.parents, parent_grads):
+      for parent, pgrad in zip(ctx.parents, parent_grads):
         if pgrad is None or parent.requires_grad is False: continue
-        if pgrad.shape != parent.shape: raise RuntimeError(f"internal: gradient shape {pgrad.shape} for {parent.shape} in {type(node._ctx).__name__}")
-        grads[id(parent)] = pgrad if id(parent) not in grads else grads[id(parent)].e(BinaryOps.ADD, pgrad)
+        if pgrad.shape != parent.shape: raise RuntimeError(f"internal: gradient shape {pgrad.shape} for {parent.shape} in {type(ctx).__name__}")
+        grads.setdefault(id(parent), []).append(pgrad)
       # free the graph as we go, as PyTorch does without retain_graph
       if node is not self: node._ctx = None
     self._ctx = None
