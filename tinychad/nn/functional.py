@@ -84,9 +84,10 @@ def _padded(x: Tensor, pads: tuple[tuple[int, int], ...]) -> Tensor:
 
 # output channels per group below which a convolution's sum is laid out NCHW, SIMD lanes along the
 # output width, instead of channels-last: a channels-last sum runs its lanes over the output channels of
-# one group, and fewer than a vector of them (a depthwise convolution has one) leaves the lanes to
-# gather the input from channel planes apart, one element at a time
-CHANNELS_LAST_MIN_OUT_GROUP = 16
+# one group, and with too few of them (a depthwise convolution has one) the lanes gather the input from
+# channel planes apart, one element at a time. 8 (half an AVX-512 vector) still fill lanes along the
+# channels for any image width, where the width may divide no vector (NCHW would then be scalar)
+CHANNELS_LAST_MIN_OUT_GROUP = 8
 
 
 def _window_product(x: Tensor, weight: Tensor, geo: ConvGeometry) -> Tensor:
