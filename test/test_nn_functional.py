@@ -65,6 +65,49 @@ def test_conv2d_weight_gradient_summed_in_batch_parts(monkeypatch, groups, cin):
           lambda x, w: x.conv2d(w, groups=groups), atol=CONV_ATOL)
 
 
+# depthwise and grouped convolutions, each run in both layouts of the window sum (_window_product):
+# NCHW with lanes along the output width (fewer than CHANNELS_LAST_MIN_OUT_GROUP output channels per
+# group) and channels-last with lanes along the output channels
+GROUPED = [
+  dict(x=(2, 8, 9, 10), w=(8, 1, 3, 3), groups=8, padding=1),                          # depthwise
+  dict(x=(2, 4, 9, 10), w=(8, 1, 3, 3), groups=4, padding=1),                          # channel multiplier 2
+  dict(x=(2, 6, 11, 9), w=(6, 1, 3, 3), groups=6, stride=2, padding=1),
+  dict(x=(1, 4, 10, 12), w=(4, 1, 3, 3), groups=4, stride=(2, 1), dilation=(1, 2), padding=2),
+  dict(x=(2, 4, 8, 7), w=(12, 1, 3, 2), groups=4, padding=((2, 0), (1, 3))),          # uneven padding
+  dict(x=(2, 8, 7, 7), w=(4, 4, 3, 3), groups=2, padding=1),                           # grouped
+  dict(x=(1, 6, 9, 9), w=(9, 2, 3, 3), groups=3, stride=2, dilation=2, padding=2),
+  dict(x=(2, 4, 11), w=(8, 1, 5), groups=4, stride=2, padding=2),                      # 1-D depthwise
+]
+
+
+@pytest.mark.parametrize("case", GROUPED, ids=[str(i) for i in range(len(GROUPED))])
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_grouped_conv_in_both_layouts(monkeypatch, case, channels_last):
+  import tinychad.nn.functional as F
+  monkeypatch.setattr(F, "CHANNELS_LAST_MIN_OUT_GROUP", 1 if channels_last else 1 << 30)
+  kwargs = _conv_kwargs(case)
+  conv_torch, conv = (TF.conv2d, Tensor.conv2d) if len(case["x"]) == 4 else (TF.conv1d, Tensor.conv1d)
+  if isinstance(kwargs.get("padding"), tuple) and isinstance(kwargs["padding"][0], tuple):
+    (top, bottom), (left, right) = kwargs["padding"]      # PyTorch pads symmetrically only
+    unpadded = {k: v for k, v in kwargs.items() if k != "padding"}
+    torch_fn = lambda x, w, b: conv_torch(TF.pad(x, (left, right, top, bottom)), w, b, **unpadded)
+  else:
+    torch_fn = lambda x, w, b: conv_torch(x, w, b, **kwargs)
+  out = compare([case["x"], case["w"], (case["w"][0],)], torch_fn, lambda x, w, b: conv(x, w, b, **kwargs), atol=CONV_ATOL)[0]
+  # the layout asked for is the one taken: a channels-last sum is seen through a permuted view
+  assert (out.lazydata.st.permuted_order is not None) == channels_last
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_depthwise_conv_gradient_of_a_sum(monkeypatch, channels_last):
+  """y.sum().backward(): the output gradient is a view of one constant, never in memory."""
+  import tinychad.nn.functional as F
+  monkeypatch.setattr(F, "CHANNELS_LAST_MIN_OUT_GROUP", 1 if channels_last else 1 << 30)
+  for kwargs in (dict(padding=1), dict(stride=2, padding=1), dict(padding=(0, 2), dilation=2)):
+    compare([(2, 4, 9, 8), (8, 1, 3, 3)], lambda x, w: TF.conv2d(x, w, groups=4, **kwargs).sum(),
+            lambda x, w: x.conv2d(w, groups=4, **kwargs).sum(), atol=CONV_ATOL)
+
+
 # input gradients computed tap by tap (nn/functional.py _input_gradient_by_taps), forced on for
 # geometries that would not waste enough to take that path on their own
 TAPWISE = [
@@ -80,6 +123,10 @@ TAPWISE = [
   dict(x=(2, 2, 8, 9), w=(3, 2, 3, 3), stride=(2, 3), padding=(1, 0)),    # rows no window reaches
   dict(x=(2, 3, 1, 1), w=(2, 3, 1, 1), stride=2, padding=1),              # every window in the padding
   dict(x=(2, 4, 13), w=(3, 4, 4), stride=3, padding=2),                   # 1-D
+  dict(x=(2, 4, 7, 7), w=(4, 1, 3, 3), groups=4, padding=1),             # depthwise
+  dict(x=(2, 6, 9, 8), w=(3, 2, 3, 3), groups=3, stride=2, padding=(1, 0)),  # depthwise, 2 inputs per group
+  dict(x=(2, 4, 11, 10), w=(4, 1, 3, 3), groups=4, stride=2, padding=1),  # depthwise, taken by default
+  dict(x=(2, 4, 11), w=(4, 1, 3), groups=4, stride=2, dilation=2, padding=1),  # 1-D depthwise
 ]
 
 

@@ -4,12 +4,13 @@ in: Tensors (PyTorch's layouts: NCHW activations, (out, in/groups, kh, kw) conv 
 out: Tensors. A convolution is a windowed view of the input (movement ops only: `pool_windows`)
 multiplied by the weight and summed: one reduce kernel, no im2col copy. It is one autograd node
 (`Conv`) whose backward is two more such window sums (or, for the input gradient of a small image
-with a wide kernel or of a strided convolution, a matmul and a sum of shifted views), so no gradient
-scatters overlapping windows.
+with a wide kernel or of a strided convolution, a matmul, or for a depthwise one a product, and a sum
+of shifted views), so no gradient scatters overlapping windows.
 """
 from __future__ import annotations
 import itertools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from tinychad.dtype import dtypes, promote_types
 from tinychad.function import Function
@@ -73,29 +74,50 @@ def _dense(x: Tensor) -> Tensor:
   return x if base.op is LoadOps.CONST and base.realized is None else x.contiguous()
 
 
+def _padded(x: Tensor, pads: tuple[tuple[int, int], ...]) -> Tensor:
+  """(bs, c, *spatial) zero-padded by `pads`, in its own buffer: a padded read is a masked load, which the
+  code generator can only do lane by lane (and whose window view needs div/mod index math); a dense
+  padded copy costs one pass over the input and lets every window reduction over it run in SIMD."""
+  if all(p == (0, 0) for p in pads): return x
+  return _dense(x.pad(((0, 0), (0, 0)) + pads))
+
+
+# output channels per group below which a convolution's sum is laid out NCHW, SIMD lanes along the
+# output width, instead of channels-last: a channels-last sum runs its lanes over the output channels of
+# one group, and with too few of them (a depthwise convolution has one) the lanes gather the input from
+# channel planes apart, one element at a time. 8 (half an AVX-512 vector) still fill lanes along the
+# channels for any image width, where the width may divide no vector (NCHW would then be scalar)
+CHANNELS_LAST_MIN_OUT_GROUP = 8
+
+
 def _window_product(x: Tensor, weight: Tensor, geo: ConvGeometry) -> Tensor:
   """The convolution itself: windows of the padded input times the weight, summed. (bs, cin, *in) -> (bs, cout, *out)
 
-  The sum is laid out channels-last, (bs, *out, cout), and returned as an NCHW view of it: output
-  channels are the contiguous axis of both the sum and a (channels-last) copy of the weight, while the
-  input is the same along it, so SIMD lanes run over output channels for any image width, and each
-  weight vector is reused across neighbouring output positions (the same register tile as a matmul).
+  With at least CHANNELS_LAST_MIN_OUT_GROUP output channels per group, the sum is laid out
+  channels-last, (bs, *out, cout), and returned as an NCHW view of it: output channels are the
+  contiguous axis of both the sum and a (channels-last) copy of the weight, while the input is the same
+  along it, so SIMD lanes run over output channels for any image width, and each weight vector is
+  reused across neighbouring output positions (the same register tile as a matmul). With fewer (a
+  depthwise convolution), it is laid out NCHW: the input's windows and the sum are both contiguous
+  along the output width (at stride 1), the lanes run there, and the weight is one value per lane.
   """
   n, bs = len(geo.stride), x.shape[0]
   cout, cin_group = weight.shape[:2]
   kernel = weight.shape[2:]
-  if any(p != (0, 0) for p in geo.pads):
-    # a padded read is a masked load, which the code generator can only do lane by lane; a dense
-    # padded copy costs one pass over the input and lets the window reduction run in SIMD
-    x = _dense(x.pad(((0, 0), (0, 0)) + geo.pads))
+  x = _padded(x, geo.pads)
   windows = pool_windows(x, kernel, geo.stride, geo.dilation)                 # (bs, cin, *out, *kernel)
   outs = windows.shape[2:2 + n]
   out_group = cout // geo.groups
-  # windows as (bs, *out, groups, 1, cin_group, *kernel), weight as (1, *1, groups, out_group, cin_group, *kernel)
   windows = windows.reshape((bs, geo.groups, cin_group) + outs + kernel)
-  windows = windows.permute((0,) + tuple(3 + i for i in range(n)) + (1, 2) + tuple(3 + n + i for i in range(n)))
-  windows = windows.reshape((bs,) + outs + (geo.groups, 1, cin_group) + kernel)
   w = weight.reshape((geo.groups, out_group, cin_group) + kernel)
+  spatial, taps = tuple(3 + i for i in range(n)), tuple(3 + n + i for i in range(n))
+  if out_group < CHANNELS_LAST_MIN_OUT_GROUP:
+    # windows as (bs, groups, 1, *out, cin_group, *kernel), weight as (1, groups, out_group, *1, cin_group, *kernel)
+    windows = windows.permute((0, 1) + spatial + (2,) + taps).reshape((bs, geo.groups, 1) + outs + (cin_group,) + kernel)
+    w = w.reshape((1, geo.groups, out_group) + (1,) * n + (cin_group,) + kernel)
+    return (windows * w).sum(tuple(range(-1 - n, 0))).reshape((bs, cout) + outs)
+  # windows as (bs, *out, groups, 1, cin_group, *kernel), weight as (1, *1, groups, out_group, cin_group, *kernel)
+  windows = windows.permute((0,) + spatial + (1, 2) + taps).reshape((bs,) + outs + (geo.groups, 1, cin_group) + kernel)
   w = w.permute((0, 2) + tuple(3 + i for i in range(n)) + (1,)).contiguous()    # (groups, cin_group, *kernel, out_group)
   w = w.permute((0, 2 + n, 1) + tuple(2 + i for i in range(n))).reshape((1,) * (1 + n) + (geo.groups, out_group, cin_group) + kernel)
   out = (windows * w).sum(tuple(range(-1 - n, 0))).reshape((bs,) + outs + (cout,))
@@ -190,32 +212,58 @@ def _channels_last(grad: Tensor) -> Tensor:
 
 
 def _tapwise_pays(x_shape: tuple[int, ...], weight: Tensor, grad: Tensor, geo: ConvGeometry) -> bool:
-  """Whether the input gradient should go tap by tap: a one-group convolution whose full-correlation
-  form (over every input position, the gradient spread by the stride) would waste TAPWISE_MIN_WASTE
-  times the needed work, with a product buffer under TAPWISE_MAX_BYTES."""
-  if geo.groups != 1: return False
+  """Whether the input gradient should go tap by tap: a one-group or depthwise (one output channel per
+  group) convolution whose full-correlation form (over every input position, the gradient spread by
+  the stride) would waste TAPWISE_MIN_WASTE times the needed work, with a product buffer under
+  TAPWISE_MAX_BYTES."""
+  if geo.groups != 1 and weight.shape[0] != geo.groups: return False
   ins, outs = x_shape[2:], grad.shape[2:]
   products = x_shape[0] * math.prod(outs) * weight.numel() // weight.shape[0]
   return math.prod(ins) >= TAPWISE_MIN_WASTE * math.prod(outs) and products * grad.dtype.itemsize <= TAPWISE_MAX_BYTES
 
 
-def _input_gradient_by_taps(grad_cl: Tensor, weight: Tensor, geo: ConvGeometry, x_shape: tuple[int, ...]) -> Tensor:
-  """The input gradient of a one-group convolution from its channels-last output gradient (bs, *out, cout).
+def _tap_products(grad_cl: Tensor, weight: Tensor, groups: int) -> Callable[[tuple[int, ...]], tuple[Tensor, Tensor | None]]:
+  """For a tap, every output position's contribution through it to every input channel, from the
+  channels-last output gradient (bs, *out, cout):
+  products[b, *o, ci] = sum over the co of ci's group of grad[b, *o, co] * weight[co, ci % cin_group, *tap],
+  as tap -> (values (bs, *out, cin), factor (cin,) or None): products = values * factor."""
+  n = grad_cl.ndim - 2
+  lead = grad_cl.shape[:-1]
+  cout, cin_group = weight.shape[:2]
+  kernel = weight.shape[2:]
+  if groups == 1:
+    # one matmul for all taps: (cout, *kernel, cin), a product row over taps, then input channels (SIMD
+    # lanes of the tap sum); copied, as the matmul's lanes need them contiguous
+    weight_rows = weight.permute((0,) + tuple(2 + i for i in range(n)) + (1,)).contiguous().reshape(cout, -1)
+    products = (grad_cl.reshape(-1, cout) @ weight_rows).reshape(lead + kernel + (cin_group,))
+    def tap_slice(tap: tuple[int, ...]) -> tuple[Tensor, Tensor | None]:
+      piece = products.shrink(tuple((0, size) for size in lead) + tuple((k, k + 1) for k in tap) + ((0, cin_group),))
+      return piece.reshape(lead + (cin_group,)), None
+    return tap_slice
+  # depthwise (one output channel per group): nothing to sum, each channel's gradient times its tap
+  # weight. The factor stays apart so the tap sum shifts the gradient itself, a view of memory, and
+  # multiplies as it reads (a product per tap would be a buffer as big as the gradient)
+  spread_over_group = grad_cl.reshape(lead + (cout, 1)).expand(lead + (cout, cin_group)).reshape(lead + (cout * cin_group,))
+  # (*kernel, cin): each tap's factors contiguous, like the SIMD lanes that read them
+  taps = weight.permute(tuple(2 + i for i in range(n)) + (0, 1)).contiguous().reshape(kernel + (cout * cin_group,))
+  def tap_factor(tap: tuple[int, ...]) -> tuple[Tensor, Tensor | None]:
+    return spread_over_group, taps.shrink(tuple((k, k + 1) for k in tap) + ((0, cout * cin_group),)).reshape(cout * cin_group)
+  return tap_factor
 
-  One matmul gives every output position's contribution through every tap,
-  products[b, *o, *k, ci] = sum over co of grad[b, *o, co] * weight[co, ci, *k], and each input position
+
+def _input_gradient_by_taps(grad_cl: Tensor, weight: Tensor, geo: ConvGeometry, x_shape: tuple[int, ...]) -> Tensor:
+  """The input gradient of a one-group or depthwise convolution from its channels-last output gradient (bs, *out, cout).
+
+  _tap_products gives every output position's contribution through every tap (one matmul with one
+  group, a broadcast product for a depthwise convolution), and each input position
   y = o*stride + k*dilation - pad_before sums the products that reach it. Each input axis is seen as
   (q, r) with y = q*stride + r: a tap reaches one r only, and moves q one step per output position, so
   its products are one shifted, zero-padded view, and all taps add up in one elementwise kernel.
   Returns (bs, cin, *in), a view of channels-last memory."""
-  n, bs = len(geo.stride), x_shape[0]
+  n, bs, cin = len(geo.stride), x_shape[0], x_shape[1]
   ins, outs = x_shape[2:], grad_cl.shape[1:1 + n]
-  cout, cin = weight.shape[:2]
   kernel = weight.shape[2:]
-  # (cout, *kernel, cin): a product row runs over taps, then input channels (SIMD lanes of the sum
-  # below); copied, as the matmul's lanes need them contiguous
-  weight_rows = weight.permute((0,) + tuple(2 + i for i in range(n)) + (1,)).contiguous().reshape(cout, -1)
-  products = (grad_cl.reshape(-1, cout) @ weight_rows).reshape((bs,) + outs + kernel + (cin,))
+  products_at = _tap_products(grad_cl, weight, geo.groups)
   rows = [-(-size // s) for size, s in zip(ins, geo.stride)]      # q's extent per axis
   total = None
   for tap in itertools.product(*(range(k) for k in kernel)):
@@ -227,9 +275,11 @@ def _input_gradient_by_taps(grad_cl: Tensor, weight: Tensor, geo: ConvGeometry, 
       keep.append((lo, hi))
       pads += [(lo + shift, q_size - hi - shift), (r, s - 1 - r)]
     if any(lo >= hi for lo, hi in keep): continue   # a tap that reaches only padding
-    piece = products.shrink(((0, bs),) + tuple(keep) + tuple((k, k + 1) for k in tap) + ((0, cin),))
+    values, factor = products_at(tap)
+    piece = values.shrink(((0, bs),) + tuple(keep) + ((0, cin),))
     piece = piece.reshape((bs,) + tuple(v for lo, hi in keep for v in (hi - lo, 1)) + (cin,))
     piece = piece.pad(((0, 0),) + tuple(pads) + ((0, 0),))
+    if factor is not None: piece = piece * factor
     total = piece if total is None else total + piece
   if total is None:     # every window lies in the padding (or between the strides): no gradient reaches x
     return Tensor.zeros((bs, cin) + ins, dtype=grad_cl.dtype, device=grad_cl.device)
@@ -259,7 +309,10 @@ class Conv(Function):
     # copied to NCHW once: both window sums of this convolution read it many times over
     if x.st.permuted_order is not None: x = x.contiguous()
     self.x, self.weight, self.geo = Tensor(x, requires_grad=False), Tensor(weight, requires_grad=False), geo
-    return _window_product(self.x, self.weight, geo).lazydata
+    # the padded input is made once: the weight gradient's windows read the same copy
+    self.x_padded = _padded(self.x, geo.pads)
+    unpadded = ConvGeometry(geo.stride, ((0, 0),) * len(geo.stride), geo.dilation, geo.groups)
+    return _window_product(self.x_padded, self.weight, unpadded).lazydata
 
   def backward(self, grad_lazy: LazyBuffer) -> tuple[LazyBuffer | None, LazyBuffer | None]:
     grad, geo, n = Tensor(grad_lazy, requires_grad=False), self.geo, len(self.geo.stride)
@@ -284,7 +337,7 @@ class Conv(Function):
       bs, cin = self.x.shape[:2]
       cout, cin_group = self.weight.shape[:2]
       out_group = cout // geo.groups
-      windows = pool_windows(self.x.pad(((0, 0), (0, 0)) + geo.pads), kernel, geo.stride, geo.dilation)
+      windows = pool_windows(self.x_padded, kernel, geo.stride, geo.dilation)
       windows = windows.reshape((bs, geo.groups, cin_group) + outs + kernel)
       grad_w = _weight_gradient(windows, grad, geo.groups, out_group, grad_cl if weight_reads_cl else None).reshape(self.weight.shape).lazydata
     return grad_x, grad_w
