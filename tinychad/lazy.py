@@ -25,6 +25,10 @@ SPLIT_PARTS = 64
 
 
 class LazyBuffer:
+  # a model records thousands of these per step: slots make them smaller and quicker to make, and leave
+  # the garbage collector no attribute dicts to walk (op, arg, srcs and realized are set on bases only)
+  __slots__ = ("device", "st", "dtype", "shape", "size", "_base", "op", "arg", "srcs", "realized")
+
   def __init__(self, device: str, st: ShapeTracker, dtype: DType, op: Op | None = None, arg=None,
                srcs: tuple[LazyBuffer, ...] = (), base: LazyBuffer | None = None):
     self.device, self.st, self.dtype = device, st, dtype
