@@ -6,7 +6,7 @@ rules the framework has.
 """
 from __future__ import annotations
 import math
-from typing import NamedTuple
+from dataclasses import dataclass
 import tinychad.tensor as tensor_module   # tensor.py imports this module: Tensor is looked up at call time
 from tinychad.dtype import dtypes
 from tinychad.lazy import LazyBuffer
@@ -321,18 +321,19 @@ class Shrink(Function):
   def forward(self, x: LazyBuffer, arg: tuple[tuple[int, int], ...]) -> LazyBuffer:
     self.padding = tuple((start, s - end) for s, (start, end) in zip(x.shape, arg))
     return x.shrink(arg)
-  def backward(self, grad: LazyBuffer) -> LazyBuffer: return grad.pad(self.padding)
+  def backward(self, grad: LazyBuffer) -> SliceGradient: return SliceGradient(grad, self.padding)
 
 
 # ---- adding up the gradients a tensor gets from its several users ----
 SLICES_AS_CAT = 8   # this many slices' gradients (or more) are put together as a cat, not summed
 
 
-class SliceGradient(NamedTuple):
-  """Shrink's gradient with its padding still to do. Tensor.backward keeps a slice's gradient so until
-  it adds up its tensor's gradients: many slices of one tensor (an RNN's x[t] at every step) fit
-  together as one cat, where a sum of full-size padded views would read every one of them at every
-  element (150 steps: 150 reads per element, against ~2*sqrt(150) for a cat)."""
+@dataclass(frozen=True)
+class SliceGradient:
+  """Shrink's gradient, its padding left to do until sum_gradients adds up the gradients of the tensor
+  that was sliced: many slices of one tensor (an RNN's x[t] at every step) fit together as one cat,
+  where a sum of full-size padded views would read every one of them at every element (150 steps:
+  150 reads per element, against ~2*sqrt(150) for a cat)."""
   grad: LazyBuffer
   padding: tuple[tuple[int, int], ...]
 

@@ -281,12 +281,11 @@ class Tensor:
           new = Tensor(grad, requires_grad=False)
           node.grad = new if node.grad is None else (node.grad + new)
         continue
-      ctx = node._ctx
-      parent_grads = (F.SliceGradient(grad, ctx.padding),) if isinstance(ctx, F.Shrink) else ctx.backward(grad)
+      parent_grads = node._ctx.backward(grad)
       if not isinstance(parent_grads, tuple): parent_grads = (parent_grads,)
-      for parent, pgrad in zip(ctx.parents, parent_grads):
+      for parent, pgrad in zip(node._ctx.parents, parent_grads):
         if pgrad is None or parent.requires_grad is False: continue
-        if pgrad.shape != parent.shape: raise RuntimeError(f"internal: gradient shape {pgrad.shape} for {parent.shape} in {type(ctx).__name__}")
+        if pgrad.shape != parent.shape: raise RuntimeError(f"internal: gradient shape {pgrad.shape} for {parent.shape} in {type(node._ctx).__name__}")
         grads.setdefault(id(parent), []).append(pgrad)
       # free the graph as we go, as PyTorch does without retain_graph
       if node is not self: node._ctx = None
