@@ -204,3 +204,65 @@ def test_no_fused_multiply_add_where_floats_are_compared(monkeypatch):
   # a plain float sum (a matmul) still may contract
   (matmul,) = _items(x.reshape((64, 256, 1)).e(BinaryOps.MUL, a.reshape((1, 64, 256)).permute((1, 2, 0))).r(ReduceOps.SUM, (1,)))
   assert linearize(matmul.ast, matmul.name).contract
+
+
+# row reduces whose second pass needs a costly value of the reduce loop: softmax (rows SIMD lanes divide,
+# odd rows that get scalar loops, a row over two axes that don't merge, float64), a sigmoid's share
+# (exp and a reciprocal) and an exp read twice by the store. Each row is longer than the lanes of one
+# step of the reduce loop: a row they cover whole needs no scratch row (its pass has no loop)
+ROW_PASSES = {
+  "softmax": ((64, 256), np.float32, lambda x: x.softmax(1)),
+  "odd-rows": ((3, 19, 37), np.float32, lambda x: x.softmax(-1)),
+  "two-axes": ((32, 16, 50), np.float32, lambda x: _normalized(x[:, :, :48].exp(), (1, 2))),
+  "float64": ((16, 128), np.float64, lambda x: x.softmax(1)),
+  "sigmoid-share": ((32, 96), np.float32, lambda x: _normalized(x.sigmoid(), (1,))),
+  "exp-read-twice": ((32, 256), np.float32, lambda x: x.exp() * x.exp() / x.exp().sum(1, keepdim=True)),
+}
+
+
+def _normalized(x, axes):
+  return x / x.sum(axes, keepdim=True)
+
+
+def _exp_count(program) -> int:
+  return sum(u.op is UOps.ALU and u.arg is UnaryOps.EXP2 for u in program.uops)
+
+
+@pytest.mark.parametrize("case", ROW_PASSES, ids=list(ROW_PASSES))
+@pytest.mark.parametrize("noopt", ["0", "1"])
+def test_row_pass_reads_back_what_its_reduce_computed(case, noopt, set_noopt):
+  """The row pass of a row reduce kernel loads the costly values (an exp) that its reduce loop wrote to
+  a scratch row, instead of computing them again: half the exps, the same results as the NUMPY device
+  and as a kernel lowered without the scratch row. NOOPT=1 computes them twice."""
+  from dataclasses import replace
+  from tinychad import Tensor
+  from tinychad.codegen.opt import choose_opts
+  from tinychad.codegen.linearize import opt_inputs
+  set_noopt(noopt)
+  shape, dtype, build = ROW_PASSES[case]
+  x = np.random.default_rng(0).standard_normal(shape).astype(dtype)
+  want = build(Tensor(x, device="NUMPY")).numpy()
+  tol = 1e-5 if dtype == np.float32 else 1e-12
+  for device in ("CPU", "LLVM"):
+    np.testing.assert_allclose(build(Tensor(x, device=device)).numpy(), want, rtol=tol, atol=tol, err_msg=device)
+  item = build(Tensor(x, device="CPU")).schedule()[-1]
+  assert item.ast.srcs[0].op is not ReduceOps.SUM       # the row kernel: the sum and the row's store
+  opts = choose_opts(*opt_inputs(item.ast))
+  cached, plain = linearize(item.ast, item.name, opts), linearize(item.ast, item.name, replace(opts, cache_rows=False))
+  scratch = [u for u in cached.uops if u.op is UOps.DEFINE_LOCAL]
+  if noopt == "1":
+    assert not opts.cache_rows and not scratch
+    return
+  assert len(scratch) == 1 and _exp_count(plain) == 2 * _exp_count(cached) > 0
+  # one whole row: every reduce position (no tile of several rows here)
+  assert scratch[0].arg == np.prod([size for size, is_reduce in opt_inputs(item.ast)[0] if is_reduce])
+
+
+def test_row_that_one_step_covers_needs_no_scratch_row(set_noopt):
+  """A row of 64 floats is four SIMD vectors: the reduce has no loop, and its pass reuses the exps
+  still in registers."""
+  from tinychad import Tensor
+  set_noopt("0")
+  item = Tensor(np.ones((32, 64), np.float32)).softmax(1).schedule()[-1]
+  program = linearize(item.ast, item.name)
+  assert not any(u.op is UOps.DEFINE_LOCAL for u in program.uops) and _exp_count(program) == 4

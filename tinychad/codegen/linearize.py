@@ -15,6 +15,10 @@ else loads each lane and gathers them (VECTORIZE), so every view pattern stays c
 The first non-reduce loop is `parallel`: the function takes its [start, end) as two more int64 args.
 A tile whose rows don't divide their axis (opt.py's tail) is followed by one more tile of the rows
 left over: the loops inside it are lowered twice, the second time with that axis's index fixed.
+A row reduce's second pass (the kernel loops over the row again to store it) reads the costly values
+its reduce loop computed (softmax's exp: opt.py's `cache_rows`) from a scratch row the reduce loop
+wrote them to, instead of computing them again:
+  for row: { for i: local[i] = exp(x[i] - m); s += local[i]  ...  for i: out[i] = local[i] * (1/s) }
 A staged load (opt.py's `stage`: B in a matmul) is copied into a scratch array (DEFINE_LOCAL, on the
 stack of the thread running the call) inside the last outer loop it moves along, by a loop over the
 reduce indices that reads it in vector rows; the register tile below then reads that panel:
@@ -81,6 +85,13 @@ class Program:
 
 # float16 sums accumulate in float32, like numpy's half reductions
 _ACC_DTYPE = {dtypes.float16: dtypes.float32}
+# a row pass reads back a value of its reduce loop only if computing it again costs more than a load
+# from L1: a polynomial or a division. Softmax 4096x4096: the row kernel 12.3 -> 11.4 ms on one thread,
+# 6.3 -> 5.5 ms on two, where it now waits on memory
+_ROW_CACHE_OPS = {UnaryOps.EXP2, UnaryOps.LOG2, UnaryOps.SIN, UnaryOps.SQRT, UnaryOps.RECIP, BinaryOps.DIV}
+_ROW_CACHE_DTYPES = {dtypes.float32, dtypes.float64}
+# the scratch row lives on the stack, next to the row of input the pass reads again from L1/L2
+ROW_CACHE_MAX_BYTES = 64 * 1024
 
 
 def reduce_identity(op: ReduceOps, dtype: DType) -> Any:
@@ -310,6 +321,10 @@ class _Lowerer:
     if self.staged is not None:
       self.panel_lanes = self.opts.upcast[self.opts.vector[0]]
       self.local = self.emit(UOps.DEFINE_LOCAL, self.staged.dtype, (), reduce_size(self.dims) * self.panel_lanes, cse=False)
+    self.row_cache = {node: self.emit(UOps.DEFINE_LOCAL, node.dtype, (), self.row_cache_elements(), cse=False)
+                      for node in self.row_cached_nodes()}
+    self.row_cache_vec: dict = {}    # (node, lane, tail) -> lanes of the value the reduce loop wrote
+    self.row_reading = False         # lowering the row pass, where cached values are loaded
 
     # loops: the non-reduce ones in the chosen order (the first is split across threads), then the reduce
     self.parallel = 0
@@ -348,11 +363,14 @@ class _Lowerer:
     """The reduce (if any) and the stores of every lane, inside the non-reduce loops."""
     store = self.ast
     self.acc: dict[Lane, UOp] = {}
+    self.outer_slots = {lane: i for i, lane in enumerate(self.lanes(reduce=False))}
     if self.reduce is not None: self.lower_reduce()
     if self.row_pass:
       opened = self.open_reduce_loops()
+      self.row_reading = True
       for outer_lane in self.lanes(reduce=False):
         for row_lane in self.lanes(reduce=True): self.store(store, tuple(a + b for a, b in zip(outer_lane, row_lane)))
+      self.row_reading = False
       for loop in reversed(opened): self.close_loop(loop)
     else:
       for lane in self.lanes(reduce=False): self.store(store, lane)
@@ -379,6 +397,56 @@ class _Lowerer:
     # the unroll hint goes on the innermost loop, whose body is the one the hint repeats
     return [self.open_loop(self.loop_vars[d], extent, unroll=self.opts.unroll if i == len(extents) - 1 else 1)
             for i, (d, extent) in enumerate(extents)]
+
+  # -- the row cache --
+  def row_cached_nodes(self) -> list[KernelNode]:
+    """The values the row pass would compute again: the topmost nodes of the store's tree outside the
+    reduce that are also inside the reduce's body and hold a costly op (softmax's exp)."""
+    if not self.row_pass or not self.opts.cache_rows or self.staged is not None: return []
+    # (a row pass's store runs along the row, so its SIMD lanes never lie along an outer axis)
+    vector = self.opts.vector
+    if vector is not None and not self.dims[vector[0]][1]: return []
+    # a row the lanes cover whole has no loop: its pass reuses the reduce's values in registers
+    if not self.reduce_extents(): return []
+    found, seen, stack = [], set(), [self.ast.srcs[0]]
+    while stack:
+      node = stack.pop()
+      if node in seen or isinstance(node.op, ReduceOps): continue
+      seen.add(node)
+      if id(node) in self.below and node.dtype in _ROW_CACHE_DTYPES and any(n.op in _ROW_CACHE_OPS for n in node.walk()):
+        found.append(node)
+      else: stack.extend(node.srcs)
+    if sum(node.dtype.itemsize for node in found) * self.row_cache_elements() > ROW_CACHE_MAX_BYTES: return []
+    return found
+
+  def row_cache_elements(self) -> int:
+    """Elements of one scratch row: every reduce position, for every outer lane (a row per output lane)."""
+    return len(self.lanes(reduce=False)) * reduce_size(self.dims)
+
+  def row_slot(self, lane: Lane) -> UOp:
+    """Where the value at `lane` sits in its scratch row: the outer lane's row, then the reduce position
+    row-major with the vector axis innermost, so that the lanes of a SIMD value are consecutive."""
+    reduce_dims = [d for d, (_, r) in enumerate(self.dims) if r]
+    if self.opts.vector is not None: reduce_dims = [d for d in reduce_dims if d != self.opts.vector[0]] + [self.opts.vector[0]]
+    outer = tuple(0 if r else x for x, (_, r) in zip(lane, self.dims))
+    index: Node = Num(self.outer_slots[outer] * reduce_size(self.dims))
+    step = 1
+    for d in reversed(reduce_dims):
+      index = index + self.dim_index(d, lane[d]) * step
+      step *= self.dims[d][0]
+    return self.index(index)
+
+  def row_cached_value(self, node: KernelNode, lane: Lane) -> UOp:
+    """`node` at `lane`: loaded from its scratch row in the row pass, else computed (and written to the
+    scratch row by the reduce loop)."""
+    local, key = self.row_cache[node], (node, lane, tuple(self.tail.items()))
+    if self.row_reading and key in self.row_cache_vec:
+      return self.emit(UOps.LOAD, node.dtype, (local, self.row_slot(lane)), vec=self.row_cache_vec[key])
+    value = self._value(node, lane)
+    if self.reducing:
+      self.row_cache_vec[key] = value.vec
+      self.emit(UOps.STORE, None, (local, self.row_slot(lane), value), cse=False)
+    return value
 
   # -- the staged panel --
   def panel_index(self, lane: Lane) -> Node:
@@ -503,7 +571,8 @@ class _Lowerer:
     key = ("value", node, lane, tuple(self.tail.items()))
     for scope in reversed(self.scopes):
       if key in scope: return scope[key]
-    uop = self.scopes[-1][key] = self._value(node, lane)
+    uop = self.row_cached_value(node, lane) if node in self.row_cache else self._value(node, lane)
+    self.scopes[-1][key] = uop
     return uop
 
   def _value(self, node: KernelNode, lane: Lane) -> UOp:

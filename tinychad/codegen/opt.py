@@ -40,7 +40,10 @@ The heuristics, in order (every choice divides its axis, except a register tile'
     vector axis is then split into (panel, lane) and the panel axis must stay outside the tile's.
     Axes B doesn't move along keep their natural order (a convolution's batch axis stays
     outermost: moving it inward would stride through the activations).
-`NOOPT=1` returns plain loops (no lanes, natural order); the scheduler then packs nothing either.
+  - row cache (`cache_rows`): a row reduce's second pass (engine/schedule.py) reads back the costly
+    values its reduce loop computed (softmax's exp), from a scratch row, instead of computing them
+    again (codegen/linearize.py);
+`NOOPT=1` returns plain loops (no lanes, natural order, no row cache); the scheduler then packs nothing either.
 For the BEAM search (search.py), `candidate_opts` lists valid alternatives to the heuristic's choice
 (the heuristic's first) and `order_variants` the other loop orders of one of them.
 """
@@ -117,6 +120,7 @@ class Opts:
   order: list[int] = field(default_factory=list)
   unroll: int = 1                    # copies of the innermost reduce loop's body per iteration
   stage: int | None = None           # the leaf (index into the leaves) copied into a scratch panel
+  cache_rows: bool = True            # a row pass reads the costly values its reduce computed (linearize.py)
 
 
 @functools.lru_cache(maxsize=None)
@@ -372,7 +376,8 @@ def _complete(dims: Dims, leaves: list[LeafAccess], vector: Vector) -> Opts:
 
 
 def choose_opts(dims: Dims, leaves: list[LeafAccess], dtypes_used: set[DType], ops_used: set[Op]) -> Opts:
-  if getenv("NOOPT", 0) or not _may_use_lanes(dtypes_used, ops_used): return Opts(order=_natural_order(dims))
+  if getenv("NOOPT", 0): return Opts(order=_natural_order(dims), cache_rows=False)
+  if not _may_use_lanes(dtypes_used, ops_used): return Opts(order=_natural_order(dims))
   return _complete(dims, leaves, _heuristic_vector(dims, leaves, dtypes_used))
 
 
