@@ -87,6 +87,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
   parser.add_argument("--quick", action="store_true", help="smaller sizes and fewer repeats")
   parser.add_argument("--mnist", action="store_true",
                       help="then train the MNIST CNN in full with tinychad and PyTorch (bench/mnist.py; several minutes)")
+  parser.add_argument("--compilers", action="store_true",
+                      help="then time gcc, clang and llvmlite on a CNN step's and a GPT forward's kernels (bench/compilers.py; about a minute and a half)")
   parser.add_argument("--worker", nargs=3, metavar=("MODULE", "LIBRARY", "THREADS"), help=argparse.SUPPRESS)
   return parser.parse_args(argv)
 
@@ -312,6 +314,10 @@ def main(module_names: list[str], argv: list[str] | None = None) -> None:
     # imported here: bench.mnist imports this module
     from bench import mnist
     mnist.main([])
+  if args.compilers:
+    # imported here: bench.compilers imports this module
+    from bench import compilers
+    compilers.main()
 
 
 def tinygrad_realize(*tensors):
