@@ -266,3 +266,62 @@ def test_row_that_one_step_covers_needs_no_scratch_row(set_noopt):
   item = Tensor(np.ones((32, 64), np.float32)).softmax(1).schedule()[-1]
   program = linearize(item.ast, item.name)
   assert not any(u.op is UOps.DEFINE_LOCAL for u in program.uops) and _exp_count(program) == 4
+
+
+# kernels whose output would be written with streaming stores if it were big: elementwise (float32,
+# float64, int32, int64), a softmax's row pass, a matmul's register tile. Kept small for speed: the
+# test lowers them as if the threshold were 0
+STREAMED = {
+  "elementwise": ((64, 256), np.float32, lambda x: (x * 2 + 1).exp().relu()),
+  "float64": ((32, 128), np.float64, lambda x: x.exp() - x),
+  "int32": ((64, 256), np.int32, lambda x: x * 3 + 1),
+  "int64": ((32, 128), np.int64, lambda x: x * x),
+  "softmax": ((64, 512), np.float32, lambda x: x.softmax(1)),
+  "matmul": ((96, 64), np.float32, lambda x: x.T @ x),
+}
+
+
+@pytest.mark.parametrize("case", STREAMED, ids=list(STREAMED))
+@pytest.mark.parametrize("threads", ["1", "2"])
+def test_big_outputs_are_written_with_streaming_stores(case, threads, monkeypatch, set_noopt):
+  """With the size threshold at 0, every whole SIMD vector a kernel stores goes past the cache (an AVX
+  streaming store in C, a !nontemporal store in LLVM IR), each call ends with a store fence, and the
+  results are the NUMPY device's, on one thread and on two."""
+  import importlib
+  from tinychad import Tensor
+  from tinychad.codegen.opt import simd_bytes
+  linearize_module = importlib.import_module("tinychad.codegen.linearize")    # the package's `linearize` is the function
+  set_noopt("0")
+  monkeypatch.setenv("THREADS", threads)
+  monkeypatch.setenv("CACHE", "0")     # a kernel record written with plain stores would be loaded instead
+  monkeypatch.setattr(linearize_module, "stream_min_bytes", lambda: 0)
+  shape, dtype, build = STREAMED[case]
+  rng = np.random.default_rng(0)
+  x = rng.integers(-50, 50, shape).astype(dtype) if np.dtype(dtype).kind == "i" else rng.standard_normal(shape).astype(dtype)
+  want = build(Tensor(x, device="NUMPY")).numpy()
+  for device in ("CPU", "LLVM"):
+    got = build(Tensor(x, device=device)).numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=device)
+  item = build(Tensor(x, device="CPU")).schedule()[-1]
+  program = linearize(item.ast, item.name)
+  stores = [u for u in program.uops if u.op is UOps.STORE and u.srcs[0].op is UOps.DEFINE_GLOBAL]
+  if simd_bytes() < 32:
+    assert not any(u.arg == "stream" for u in stores)
+    return
+  assert stores and all(u.arg == "stream" and u.srcs[2].vec * u.srcs[2].dtype.itemsize == simd_bytes() for u in stores)
+  assert "vmovnt" in render_c(program) and render_c(program).rstrip().endswith("tc_stream_fence();\n}")
+  llvm_ir = render_llvm(program)
+  assert "!nontemporal" in llvm_ir and "call void @\"llvm.x86.sse.sfence\"()" in llvm_ir
+
+
+def test_small_outputs_and_noopt_keep_plain_stores(set_noopt):
+  """An output smaller than the last-level cache may be read from it by the next kernel: plain stores.
+  So does NOOPT=1, whatever the size."""
+  from tinychad.codegen import opt
+  set_noopt("0")
+  small = LazyBuffer.from_numpy(np.ones((64, 256), np.float32), "NUMPY").e(UnaryOps.EXP2)
+  assert opt.stream_min_bytes() >= opt.STREAM_MIN_BYTES
+  assert all(u.arg is None for u in linearize(_items(small)[0].ast, "k").uops if u.op is UOps.STORE)
+  set_noopt("1")
+  big = LazyBuffer.from_numpy(np.ones(opt.stream_min_bytes() // 4 + 16, np.float32), "NUMPY").e(UnaryOps.EXP2)
+  assert all(u.arg is None for u in linearize(_items(big)[0].ast, "k").uops if u.op is UOps.STORE)

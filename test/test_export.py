@@ -103,3 +103,19 @@ def test_embedded_data_keeps_special_values_exactly(tmp_path):
   np.testing.assert_array_equal(np.array(printed[:5], dtype=np.float32), outs[0].numpy())
   assert [int(v) for v in printed[5:8]] == outs[1].numpy().tolist()
   assert [int(v) for v in printed[8:]] == outs[2].numpy().astype(int).tolist()
+
+
+@pytest.mark.parametrize("flags", [(), ("-march=native",)], ids=["portable", "native"])
+def test_streaming_stores_export(tmp_path, monkeypatch, flags):
+  """A kernel with streaming stores (forced here for a small output) exports to a program that gives
+  tinychad's numbers whether it is built for this CPU (the AVX store, buffers aligned for it) or not
+  (plain stores)."""
+  import importlib
+  from tinychad.codegen.opt import simd_bytes
+  monkeypatch.setattr(importlib.import_module("tinychad.codegen.linearize"), "stream_min_bytes", lambda: 0)
+  x = Tensor(np.random.default_rng(2).standard_normal((16, 64), dtype=np.float32))
+  out = (x * 2).exp() + 1
+  source = export_c(out)
+  assert ("tc_stream_" in source) == (simd_bytes() >= 32)
+  printed = _build(source, tmp_path, flags=flags)
+  np.testing.assert_allclose(np.array(printed.split(), dtype=np.float32).reshape(16, 64), out.numpy(), rtol=1e-5, atol=1e-5)

@@ -64,7 +64,8 @@ class _Program:
       # a copy from another device: its source exists now, so the copy is data
       self.data.append(_array(name, item.inputs[0].realized.as_numpy(), out.dtype, const=False))
       return
-    self.data.append(f"static {out.dtype.c_name} {name}[{max(out.size, 1)}];")
+    # aligned as tinychad's own buffers are: a kernel's SIMD and streaming stores assume it
+    self.data.append(f"static {out.dtype.c_name} {name}[{max(out.size, 1)}] __attribute__((aligned(64)));")
     if not item.is_kernel or out.size == 0: return
     program = lower_item(item)
     program = dataclasses.replace(program, name=f"k{number}_{program.name}")

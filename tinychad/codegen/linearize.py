@@ -29,10 +29,12 @@ from dataclasses import dataclass, field
 from enum import Enum, auto
 from typing import Any
 from tinychad.dtype import DType, dtypes
+from tinychad.helpers import prod
 from tinychad.ops import Op, UnaryOps, BinaryOps, TernaryOps, ReduceOps, BufferOps, KernelNode
 from tinychad.view import ShapeTracker, View
 from tinychad.codegen.symbolic import Node, Num, Var, Sum, Mul, Div, Mod, Lt, Ge, And, to_node, fits_int32
-from tinychad.codegen.opt import LeafAccess, Opts, choose_opts, panel_strides, reduce_size, stage_depth, staging_fits
+from tinychad.codegen.opt import (STREAM_DTYPES, LeafAccess, Opts, choose_opts, panel_strides, reduce_size, simd_bytes,
+                                  stage_depth, staging_fits, stream_min_bytes)
 
 
 class UOps(Enum):
@@ -46,7 +48,8 @@ class UOps(Enum):
   ALU = auto()            # arg = the op (UnaryOps/BinaryOps/TernaryOps); CAST/BITCAST convert to dtype
   DEFINE_ACC = auto()     # a reduce accumulator: arg = its initial value
   ASSIGN = auto()         # srcs = (accumulator, value): the accumulator takes the value
-  STORE = auto()          # srcs = (buffer, index, value)
+  STORE = auto()          # srcs = (buffer, index, value); arg "stream": a whole aligned SIMD vector that
+                          # goes straight to memory, not through the cache (opt.py's `stream`)
   VECTORIZE = auto()      # srcs = one scalar per lane: the vector of them
   GEP = auto()            # srcs = (vector,), arg = lane: that lane as a scalar
 
@@ -325,6 +328,9 @@ class _Lowerer:
                       for node in self.row_cached_nodes()}
     self.row_cache_vec: dict = {}    # (node, lane, tail) -> lanes of the value the reduce loop wrote
     self.row_reading = False         # lowering the row pass, where cached values are loaded
+    # buffers are 64-byte aligned (device.py): a store at a multiple of its lanes is a whole aligned vector
+    self.streams = self.opts.stream and store.dtype in STREAM_DTYPES and \
+      prod(store.arg[1].shape) * store.dtype.itemsize >= stream_min_bytes()
 
     # loops: the non-reduce ones in the chosen order (the first is split across threads), then the reduce
     self.parallel = 0
@@ -379,7 +385,8 @@ class _Lowerer:
     value = self.value(store.srcs[0], lane)
     exprs = [self.leaf_expr(store, ln) for ln in self.vector_lanes(lane)]
     if value.vec > 1 and _consecutive(exprs):
-      self.emit(UOps.STORE, None, (self.globals[0], self.index(exprs[0][0]), value), cse=False)
+      stream = self.streams and value.vec * store.dtype.itemsize == simd_bytes() and _key(exprs[0][0] % value.vec) == _key(Num(0))
+      self.emit(UOps.STORE, None, (self.globals[0], self.index(exprs[0][0]), value), "stream" if stream else None, cse=False)
       return
     # vector lanes along a reduce axis all land on one output element (and the value is a scalar)
     if all(_key(e[0]) == _key(exprs[0][0]) for e in exprs): exprs = exprs[:1]

@@ -43,13 +43,18 @@ The heuristics, in order (every choice divides its axis, except a register tile'
   - row cache (`cache_rows`): a row reduce's second pass (engine/schedule.py) reads back the costly
     values its reduce loop computed (softmax's exp), from a scratch row, instead of computing them
     again (codegen/linearize.py);
-`NOOPT=1` returns plain loops (no lanes, natural order, no row cache); the scheduler then packs nothing either.
+  - streaming stores (`stream`): a kernel whose output is bigger than the last-level cache writes its
+    whole aligned SIMD vectors straight to memory (codegen/linearize.py, the renderers), instead of
+    reading each cache line in first only to overwrite it and then evicting what the next kernel needs;
+`NOOPT=1` returns plain loops (no lanes, natural order, no row cache, plain stores); the scheduler
+then packs nothing either.
 For the BEAM search (search.py), `candidate_opts` lists valid alternatives to the heuristic's choice
 (the heuristic's first) and `order_variants` the other loop orders of one of them.
 """
 from __future__ import annotations
 import functools
 from dataclasses import dataclass, field
+from pathlib import Path
 from tinychad.dtype import DType, dtypes
 from tinychad.helpers import getenv, prod
 from tinychad.ops import Op, UnaryOps
@@ -121,6 +126,7 @@ class Opts:
   unroll: int = 1                    # copies of the innermost reduce loop's body per iteration
   stage: int | None = None           # the leaf (index into the leaves) copied into a scratch panel
   cache_rows: bool = True            # a row pass reads the costly values its reduce computed (linearize.py)
+  stream: bool = True                # a big output is written with streaming stores (stream_min_bytes)
 
 
 @functools.lru_cache(maxsize=None)
@@ -132,6 +138,29 @@ def simd_bytes() -> int:
     flags = []
   if "avx512f" in flags: return 64
   return 32 if "avx2" in flags else 16
+
+
+# a kernel writes with streaming stores only an output at least this big (and at least the last-level
+# cache): a smaller one may still be in cache when the next kernel reads it. 16M floats, this AMD
+# EPYC VM (32 MiB L3), plain -> streaming stores: exp(relu(a*b+c)) 37 -> 42-44 GB/s on 2 threads, 20 ->
+# 26 on one; softmax 4096x4096 7.0-7.2 -> 6.1-6.5 ms on 2 threads, 12.3 -> 10.8 ms on one
+STREAM_MIN_BYTES = 8 << 20
+STREAM_DTYPES = {dtypes.float32, dtypes.float64, dtypes.int32, dtypes.int64}   # the renderers' streaming stores
+
+
+@functools.lru_cache(maxsize=None)
+def stream_min_bytes() -> int:
+  """The smallest kernel output (in bytes) written with streaming stores on this host: the size of its
+  last-level cache, at least STREAM_MIN_BYTES; none without AVX (the renderers' streaming stores are
+  AVX instructions, and their whole-vector alignment is what SIMD lanes of that width give)."""
+  if simd_bytes() < 32: return 1 << 62
+  largest = 0
+  for index in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
+    try: size = (index / "size").read_text().strip()
+    except OSError: continue
+    unit = {"K": 1 << 10, "M": 1 << 20}.get(size[-1:], 1)
+    largest = max(largest, int(size.rstrip("KM")) * unit)
+  return max(largest, STREAM_MIN_BYTES)
 
 
 def panel_width(dtype: DType) -> int:
@@ -376,7 +405,7 @@ def _complete(dims: Dims, leaves: list[LeafAccess], vector: Vector) -> Opts:
 
 
 def choose_opts(dims: Dims, leaves: list[LeafAccess], dtypes_used: set[DType], ops_used: set[Op]) -> Opts:
-  if getenv("NOOPT", 0): return Opts(order=_natural_order(dims), cache_rows=False)
+  if getenv("NOOPT", 0): return Opts(order=_natural_order(dims), cache_rows=False, stream=False)
   if not _may_use_lanes(dtypes_used, ops_used): return Opts(order=_natural_order(dims))
   return _complete(dims, leaves, _heuristic_vector(dims, leaves, dtypes_used))
 

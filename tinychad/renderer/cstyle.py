@@ -14,6 +14,9 @@ loop, which gcc leaves scalar: measured, a 16-lane loop of exp2 ran 4x slower th
 function. Vector loads and stores go through a typedef aligned to the element, since a lane group
 may start anywhere. Scalar float32 exp2 and log2 call the scalar polynomials (no libm call in a
 kernel's hot loop); float64 and float16 keep libm.
+A streaming store (the IR's STORE "stream") is one AVX instruction in inline assembly, as gcc has no
+portable builtin for it, behind a helper named for the vector type; such stores are weakly ordered,
+so the function ends with a store fence (tc_stream_fence) and every write is visible when it returns.
 """
 from __future__ import annotations
 import math
@@ -128,6 +131,21 @@ class CRenderer:
                              f"typedef {elem} {name}u __attribute__((vector_size({size}), aligned({dtype.itemsize})));")
     return name
 
+  def stream_helper(self, value: UOp) -> str:
+    """The name of the helper that writes `value` (a whole aligned vector) past the cache. Built without
+    the instruction set the vector needs (an exported program compiled without -march=native), it is a
+    plain store."""
+    vtype = self.type_name(value.dtype, value.vec)
+    name = f"tc_stream_{vtype}"
+    isa = "__AVX512F__" if value.vec * value.dtype.itemsize == 64 else "__AVX__"
+    # the "v" operand is the vector register, "m" the destination; volatile, as the compiler sees no reader
+    self.helpers[name] = "\n".join([
+      f"static inline void {name}({value.dtype.c_name}* p, {vtype} v) {{", f"#ifdef {isa}",
+      f'  __asm__ volatile("{_STREAM_INSTRUCTIONS[value.dtype]} %1, %0" : "=m"(*({vtype}*)p) : "v"(v));',
+      "#else", f"  *({vtype}*)p = v;", "#endif", "}"])
+    self.helpers["tc_stream_fence"] = STREAM_FENCE
+    return name
+
   def splat(self, ref: str, src: UOp, vec: int) -> str:
     """A scalar operand broadcast to the vector type of the same dtype (vectors pass through)."""
     if src.vec > 1: return ref
@@ -221,6 +239,8 @@ class CRenderer:
       if u.vec > 1: init = f"({self.type_name(u.dtype, u.vec)}){{}} + {init}"
       return f"{self.type_name(u.dtype, u.vec)} acc{n} = {init};"
     if u.op is UOps.ASSIGN: return f"{self.ref(u.srcs[0])} = {self.ref(u.srcs[1])};"
+    if u.op is UOps.STORE and u.arg == "stream":
+      return f"{self.stream_helper(u.srcs[2])}({self.address(u)}, {self.ref(u.srcs[2])});"
     if u.op is UOps.STORE:
       buf, idx, value = (self.ref(x) for x in u.srcs)
       if u.srcs[2].vec > 1: return f"*({self.type_name(u.srcs[2].dtype, u.srcs[2].vec)}u*)({self.address(u)}) = {value};"
@@ -255,6 +275,7 @@ class CRenderer:
       lines = self.line(u)
       body += ["  " * depth + ln for ln in ([lines] if isinstance(lines, str) else lines)]
       if u.op is UOps.RANGE: depth += 1
+    if "tc_stream_fence" in self.helpers: body.append("  tc_stream_fence();")
     params += ["long long start", "long long end"]
     head = f"void {self.symbol}({', '.join(params)}) {{"
     return "\n".join([head] + body + ["}"])
@@ -265,6 +286,16 @@ _INFIX = {
   BinaryOps.ADD: "+", BinaryOps.SUB: "-", BinaryOps.MUL: "*", BinaryOps.CMPLT: "<", BinaryOps.CMPEQ: "==",
   BinaryOps.CMPNE: "!=", BinaryOps.AND: "&", BinaryOps.OR: "|", BinaryOps.XOR: "^",
 }
+
+
+# AVX's streaming stores by element type: the vector must be aligned to its whole size
+_STREAM_INSTRUCTIONS = {dtypes.float32: "vmovntps", dtypes.float64: "vmovntpd", dtypes.int32: "vmovntdq", dtypes.int64: "vmovntdq"}
+# streaming stores are weakly ordered: a kernel that made them drains them before it returns
+STREAM_FENCE = """static inline void tc_stream_fence(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_sfence();
+#endif
+}"""
 
 
 # vector types where C's operators act lane-wise with the scalar op's meaning (integers wrap: -fwrapv)

@@ -242,6 +242,14 @@ class LLVMRenderer:
   def store(self, u: UOp) -> None:
     buf, idx = self.ref(u.srcs[0]), self.ref(u.srcs[1])
     dtype = u.srcs[2].dtype
+    if u.arg == "stream":
+      # one vector store flagged !nontemporal, aligned to its whole size (linearize.py proved it is)
+      self.width, vtype = u.srcs[2].vec, ir.VectorType(mem_type(dtype), u.srcs[2].vec)
+      value = self.packed(u.srcs[2]) if _simd(u.srcs[2]) else self.vector_of_lanes(u.srcs[2], vtype)
+      ptr = self.b.gep(buf, [idx], inbounds=True, source_etype=mem_type(dtype))
+      store = self.b.store(value, ptr, align=u.srcs[2].vec * dtype.itemsize)
+      store.set_metadata("nontemporal", self.module.add_metadata([ir.Constant(ir.IntType(32), 1)]))
+      return
     for i in range(u.srcs[2].vec):
       val = self.lane(u.srcs[2], i)
       if dtype == dtypes.bool: val = self.b.zext(val, ir.IntType(8))
@@ -283,6 +291,12 @@ class LLVMRenderer:
     vec = ir.Constant(ir.VectorType(reg_type(u.dtype), self.width), ir.Undefined)
     for i, x in enumerate(lanes): vec = self.b.insert_element(vec, x, ir.Constant(ir.IntType(32), i))
     if u.vec > 1 and u.op is not UOps.DEFINE_ACC: self.vectors[id(u)] = vec
+    return vec
+
+  def vector_of_lanes(self, u: UOp, vtype: ir.VectorType) -> ir.Value:
+    """An integer SIMD value (kept as a list of lanes) as one LLVM vector."""
+    vec = ir.Constant(vtype, ir.Undefined)
+    for i in range(u.vec): vec = self.b.insert_element(vec, self.lane(u, i), ir.Constant(ir.IntType(32), i))
     return vec
 
   def vector_accumulator(self, u: UOp) -> None:
@@ -363,6 +377,10 @@ class LLVMRenderer:
       elif u.op is UOps.ASSIGN:
         for i, slot in enumerate(self.values[id(u.srcs[0])]): self.b.store(self.lane(u.srcs[1], i), slot)
       else: raise NotImplementedError(f"LLVM renderer has no rule for {u.op}")
+    if any(u.op is UOps.STORE and u.arg == "stream" for u in self.program.uops):
+      # streaming stores are weakly ordered: drain them before the call returns
+      fence = self.module.globals.get("llvm.x86.sse.sfence") or ir.Function(self.module, ir.FunctionType(ir.VoidType(), []), "llvm.x86.sse.sfence")
+      self.b.call(fence, [])
     self.b.ret_void()
     text = str(self.module)
     # llvmlite's builder can't flag one instruction; a float sum already split into partial sums may
