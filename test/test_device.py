@@ -48,3 +48,17 @@ def test_gradients_flow_across_a_copy():
   y.backward()
   assert x.grad.device == devices[0]
   np.testing.assert_allclose(x.grad.numpy(), [3.0, 3.0, 3.0])
+
+
+def test_a_clang_that_cannot_build_our_c_is_passed_over(tmp_path):
+  """A `clang` that fails the runtime's probe (clang 14 on x86 has no _Float16) leaves the default on
+  CPU with gcc, instead of quietly moving to LLVM."""
+  fake = tmp_path / "clang"
+  fake.write_text("#!/bin/sh\nexit 1\n")
+  fake.chmod(0o755)
+  path = f"{tmp_path}{os.pathsep}{os.environ['PATH']}"
+  code = "from tinychad import Device; from tinychad.device import find_c_compiler; print(Device.DEFAULT, find_c_compiler())"
+  clean = {k: v for k, v in os.environ.items() if k not in ("DEVICE", "LLVM", "CC")}
+  out = subprocess.run([sys.executable, "-c", code], env={**clean, "PATH": path}, capture_output=True, text=True, timeout=60)
+  assert out.returncode == 0, out.stderr
+  assert out.stdout.split() == ["CPU", "gcc"]

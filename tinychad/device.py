@@ -5,6 +5,7 @@ kernels, and Buffers of host memory. All our devices live on the host, so a Buff
 aligned numpy array underneath; devices differ only in how they run a kernel.
 """
 from __future__ import annotations
+import functools
 import importlib
 import os
 import shutil
@@ -125,8 +126,14 @@ Device = _DeviceRegistry()
 
 
 def find_c_compiler() -> str | None:
-  """`CC` from the environment, else clang, else gcc."""
+  """`CC` from the environment, else the first of clang, gcc and cc that builds the C renderer's code."""
   if os.getenv("CC"): return os.environ["CC"]
-  for cc in ("clang", "gcc", "cc"):
-    if shutil.which(cc): return cc
-  return None
+  return _first_working_compiler()
+
+
+@functools.lru_cache(maxsize=None)
+def _first_working_compiler() -> str | None:
+  # clang 14 on x86 has no _Float16: taking it anyway would leave the CPU device unavailable, and
+  # tinychad silently on LLVM, on a machine whose gcc works. The probe needs the runtime's flags
+  from tinychad.runtime.ops_cpu import compiler_works
+  return next((cc for cc in ("clang", "gcc", "cc") if shutil.which(cc) and compiler_works(cc)), None)

@@ -99,7 +99,7 @@ def compile_c(source: str, name: str, compiler: str | None = None, contract: boo
 
 
 @functools.lru_cache(maxsize=None)
-def _compiler_works(cc: str) -> bool:
+def compiler_works(cc: str) -> bool:
   # the renderer needs C11 `_Float16`; probe once with a function that uses it
   probe = "_Float16 h(_Float16 x) { return x + 1; }\n"
   try:
@@ -117,7 +117,7 @@ class CPUDevice:
   @staticmethod
   def available() -> bool:
     cc = find_c_compiler()
-    return cc is not None and _compiler_works(cc)
+    return cc is not None and compiler_works(cc)
 
   @staticmethod
   def _record_key(item) -> str:
