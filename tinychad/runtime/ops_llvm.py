@@ -6,7 +6,7 @@ out: the output buffer filled by machine code from MCJIT, optimized at -O2 by LL
      cached in memory and on disk (runtime/cache.py) by IR text and host CPU, so a new process
      loads it instead of optimizing again, and a kernel record maps the kernel tree to that object
      code, so a new process doesn't even lower or render it; `prepare(items)` compiles a schedule's
-     new kernels on several threads.
+     new kernels ahead (one at a time: llvmlite serializes calls into LLVM).
 llvmlite 0.50: llvm.initialize() raises, so only the native target and asm printer are initialized.
 Each execution engine gets its own TargetMachine (an engine takes ownership of the one it's given).
 """
@@ -15,7 +15,6 @@ import ctypes
 import ctypes.util
 import functools
 import os
-from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 from tinychad.codegen import lower_item
 from tinychad.codegen.opt import simd_bytes
@@ -62,7 +61,7 @@ def _target_machine():
 
 def compile_object(source: str) -> bytes:
   """Machine code (an ELF object) for an LLVM module's text, optimized at -O2 for the host CPU.
-  Each call has its own LLVMContext and TargetMachine, so several threads may compile at once."""
+  Each call has its own LLVMContext and TargetMachine."""
   llvm = _llvm()
   tm = _target_machine()
   module = llvm.parse_assembly(source, context=llvm.create_context())
@@ -149,15 +148,11 @@ class LLVMDevice:
     return self.programs[key]
 
   def prepare(self, items) -> None:
-    """Compile the kernels of a schedule that aren't loaded yet: LLVM's optimization and code
-    generation on parallel threads (llvmlite drops the GIL in them), loading into MCJIT after."""
-    todo = {(item.ast, item.name): item for item in items if item.is_kernel and (item.ast, item.name) not in self.programs}
-    if len(todo) < 2: return
-    plans = [plan_kernel(item) for item in todo.values()]
-    with ThreadPoolExecutor(max_workers=min(len(todo), os.cpu_count() or 1)) as pool:
-      objects = list(pool.map(lambda plan: object_code(*plan), plans))
-    for (key, item), (record, _), obj in zip(todo.items(), plans, objects):
-      self.programs[key] = load_kernel(record, item.name, lambda: obj)
+    """Compile the kernels of a schedule that aren't loaded yet, before the first one runs. One after
+    another: llvmlite 0.50 holds one process-wide lock around every call into LLVM (binding/ffi.py's
+    _LLVMLock), so threads compiled no faster than one (2.01 s against 2.02 s for two kernels)."""
+    for item in items:
+      if item.is_kernel: self.program(item)
 
   def exec(self, item, bufs) -> None:
     kernel = self.program(item)
