@@ -1,4 +1,8 @@
-"""Shared test set-up: run op tests on every available device, seed everything, find the data."""
+"""Shared test set-up: run op tests on every available device, seed everything, find the data.
+
+The op suite (`each_device`) runs on every device with the kernel optimizations on, and once more on
+each compiled device with them off (NOOPT=1): the plain loops must compute the same numbers.
+"""
 from __future__ import annotations
 import os
 import pathlib
@@ -13,15 +17,8 @@ if "TINYCHAD_DATA" not in os.environ and _SHARED_MNIST.exists():
   os.environ["TINYCHAD_DATA"] = str(_SHARED_MNIST)
 
 ALL_DEVICES = [name for name in ("NUMPY", "CPU", "LLVM") if Device.available(name)]
-
-
-@pytest.fixture(params=ALL_DEVICES)
-def each_device(request):
-  """Makes the test run once per device, with that device as the default."""
-  previous = Device.DEFAULT
-  Device.DEFAULT = request.param
-  yield request.param
-  Device.DEFAULT = previous
+# NUMPY has no kernels to optimize: only the compiled devices run the op suite with NOOPT=1 as well
+NOOPT_DEVICES = [f"{name}-NOOPT" for name in ALL_DEVICES if name != "NUMPY"]
 
 
 @pytest.fixture
@@ -33,6 +30,18 @@ def set_noopt(monkeypatch):
     for name in ("CPU", "LLVM"):
       if Device.available(name): monkeypatch.setattr(Device[name], "programs", {})
   return setter
+
+
+@pytest.fixture(params=ALL_DEVICES + NOOPT_DEVICES)
+def each_device(request, set_noopt):
+  """Makes the test run once per device, with that device as the default (NOOPT as the environment
+  has it), and once per compiled device with NOOPT=1 ("CPU-NOOPT")."""
+  device, _, noopt = request.param.partition("-")
+  if noopt: set_noopt("1")
+  previous = Device.DEFAULT
+  Device.DEFAULT = device
+  yield device
+  Device.DEFAULT = previous
 
 
 @pytest.fixture(autouse=True)

@@ -2,8 +2,9 @@
 
 in: subprocesses that run one kernel on CPU (or LLVM) with TINYCHAD_CACHE pointing at a temp dir
 out: pass when a second process compiles nothing (and, through the kernel record, lowers nothing),
-     a damaged .so, .o or record is rebuilt or ignored, two processes compiling the same kernel at
-     once both get right answers, and the LLVM device's prepare compiles a schedule's kernels up front.
+     a record made with other code generator settings (NOOPT) is not used, a damaged .so, .o or
+     record is rebuilt or ignored, two processes compiling the same kernel at once both get right
+     answers, and the LLVM device's prepare compiles a schedule's kernels up front.
 """
 import os
 import subprocess
@@ -48,6 +49,7 @@ def test_damaged_record_is_ignored(tmp_path, device):
 
 @pytest.mark.parametrize("device", ["CPU", "LLVM"])
 def test_record_is_keyed_by_codegen_settings(tmp_path, device, monkeypatch):
+  monkeypatch.setenv("NOOPT", "0")    # the first record with the optimizations on, whatever the environment has
   run(tmp_path, device)
   monkeypatch.setenv("NOOPT", "1")    # another code generator setting: the record doesn't apply
   assert run(tmp_path, device)["record_hits"] == "0"

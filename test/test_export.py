@@ -106,12 +106,13 @@ def test_embedded_data_keeps_special_values_exactly(tmp_path):
 
 
 @pytest.mark.parametrize("flags", [(), ("-march=native",)], ids=["portable", "native"])
-def test_streaming_stores_export(tmp_path, monkeypatch, flags):
+def test_streaming_stores_export(tmp_path, monkeypatch, set_noopt, flags):
   """A kernel with streaming stores (forced here for a small output) exports to a program that gives
   tinychad's numbers whether it is built for this CPU (the AVX store, buffers aligned for it) or not
   (plain stores)."""
   import importlib
   from tinychad.codegen.opt import simd_bytes
+  set_noopt("0")    # NOOPT=1 streams nothing
   monkeypatch.setattr(importlib.import_module("tinychad.codegen.linearize"), "stream_min_bytes", lambda: 0)
   x = Tensor(np.random.default_rng(2).standard_normal((16, 64), dtype=np.float32))
   out = (x * 2).exp() + 1

@@ -1,7 +1,8 @@
 """Movement, indexing and matmul ops against PyTorch (values, dtypes, gradients), plus the view machinery:
 movement ops must not copy, and ShapeTracker chains must read the same elements as numpy.
 
-in: seeded random inputs (see torch_reference.compare)  ->  out: pass/fail, once per device.
+in: seeded random inputs (see torch_reference.compare)  ->  out: pass/fail, once per device with the
+    kernel optimizations on, and once more per compiled device with them off (NOOPT=1).
 """
 import numpy as np
 import pytest

@@ -2,7 +2,8 @@
 
 Each case builds the same seeded random inputs for PyTorch and tinychad, runs both, and checks the
 output shape, dtype and values, then pushes a seeded random upstream gradient through both and checks
-the gradient of every input. Everything runs once per device (the `each_device` fixture).
+the gradient of every input. Everything runs once per device with the kernel optimizations on, and
+once more per compiled device with them off (NOOPT=1): the `each_device` fixture.
 """
 from __future__ import annotations
 import math

@@ -173,10 +173,11 @@ def test_matmul_gets_vector_and_tile(monkeypatch):
   assert "#pragma" not in render_c(program)
 
 
-def test_five_row_window_gets_a_five_row_tile():
+def test_five_row_window_gets_a_five_row_tile(monkeypatch):
   # a 5x5 convolution's weight gradient (one input channel): outputs (ky, kx, cout), reduced over
   # (batch, positions); the gradient vector is the same for every (ky, kx), so a register tile along
   # ky shares it. None of 8, 6, 4, 3, 2 divides 5: without 5 in TILE_AMOUNTS there was no tile.
+  monkeypatch.setenv("NOOPT", "0")    # NOOPT=1 chooses plain loops
   dims = [(5, False), (5, False), (32, False), (8, True), (576, True)]
   leaves = [LeafAccess((160, 32, 1, 0, 0), is_load=False, is_store=True, below_reduce=False),
             LeafAccess((28, 1, 0, 784, 1), is_load=True, is_store=False, below_reduce=True),

@@ -72,7 +72,8 @@ def test_noopt_is_part_of_the_key(schedulings, monkeypatch):
   assert len(create_schedule([(a @ b).lazydata])) == 1
 
 
-def test_buffers_the_scheduler_made_are_made_anew(schedulings):
+def test_buffers_the_scheduler_made_are_made_anew(schedulings, set_noopt):
+  set_noopt("0")    # NOOPT packs nothing
   k, n = STAGE_MAX_BYTES // (4 * panel_width(dtypes.float32)) + 16, PACK_MIN_STRIDE_BYTES // 4
   outputs = []
   for _ in range(2):
