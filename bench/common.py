@@ -238,6 +238,24 @@ def run_subprocess(module_name: str, library: str, threads: int, quick: bool, ca
 
 # ---- table ----
 
+def bench_line_of(cmd: list[str], make_env: Callable[[str], dict[str, str]], timeout: int = WORKER_TIMEOUT_S, **run_args) -> dict:
+  """The JSON a worker script prints on its `BENCH ` line, run as `cmd` with the environment
+  `make_env(cache_dir)` over an empty kernel cache; {"error": why} when it times out or prints none
+  (the reason then is the last line of its captured stderr, if any, else its exit code)."""
+  cache_dir = tempfile.mkdtemp(prefix="tinychad-bench-cache-")
+  try:
+    proc = subprocess.run(cmd, env=make_env(cache_dir), cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True,
+                          timeout=timeout, **run_args)
+  except subprocess.TimeoutExpired:
+    return {"error": f"timed out after {timeout} s"}
+  finally:
+    shutil.rmtree(cache_dir, ignore_errors=True)
+  for line in proc.stdout.splitlines():
+    if line.startswith("BENCH "): return json.loads(line[len("BENCH "):])
+  if proc.stderr: return {"error": "worker died: " + (proc.stderr.strip().splitlines() or ["no output"])[-1][:160]}
+  return {"error": f"worker exited with code {proc.returncode} and no result (its traceback is above)"}
+
+
 def format_number(x: float) -> str:
   if x >= 100: return f"{x:,.0f}"
   if x >= 10: return f"{x:.1f}"

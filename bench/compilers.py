@@ -20,18 +20,16 @@ ops_llvm.compile_object, loaded into MCJIT. Lowering and rendering, the same for
 from __future__ import annotations
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Callable
 
 if __package__ in (None, ""): sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.cnn_train import tinychad_step
-from bench.common import REPO_ROOT, find_clang, format_number, measure, time_call, worker_env
+from bench.common import bench_line_of, find_clang, format_number, measure, time_call, worker_env
 from bench.gpt import tinychad_gpt
 from tinychad.codegen import lower_item
 from tinychad.device import Device, find_c_compiler
@@ -91,18 +89,8 @@ def run_worker() -> None:
 
 def run_subprocess(env: dict[str, str]) -> dict:
   """A backend's report from a fresh worker process with `env`, or {"error": why}."""
-  cache_dir = tempfile.mkdtemp(prefix="tinychad-bench-compilers-")
-  try:
-    proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--worker"], env={**worker_env("tinychad", 1, cache_dir), **env},
-                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=WORKER_TIMEOUT_S)
-  except subprocess.TimeoutExpired:
-    return {"error": f"timed out after {WORKER_TIMEOUT_S} s"}
-  finally:
-    shutil.rmtree(cache_dir, ignore_errors=True)
-  for line in proc.stdout.splitlines():
-    if line.startswith("BENCH "): return json.loads(line[len("BENCH "):])
-  # a traceback's last line names the exception
-  return {"error": "worker died: " + (proc.stderr.strip().splitlines() or ["no output"])[-1][:160]}
+  cmd = [sys.executable, str(Path(__file__).resolve()), "--worker"]
+  return bench_line_of(cmd, lambda cache_dir: {**worker_env("tinychad", 1, cache_dir), **env}, WORKER_TIMEOUT_S, stderr=subprocess.PIPE)
 
 
 def format_table(reports: dict[str, dict]) -> str:

@@ -21,16 +21,13 @@ import datetime
 import json
 import os
 import platform
-import shutil
-import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import asdict
 from pathlib import Path
 
 if __package__ in (None, ""): sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.common import REPO_ROOT, limit_threads, unavailable_reason, worker_env
+from bench.common import bench_line_of, limit_threads, unavailable_reason, worker_env
 
 LIBRARIES = ("tinychad", "torch")
 WORKER_TIMEOUT_S = 3600
@@ -120,18 +117,8 @@ def run_subprocess(library: str, args: argparse.Namespace, argv: list[str]) -> d
   """Run one library's worker in a fresh process; its result, or {"error": why}. Its progress bars go to our stderr."""
   reason = unavailable_reason(library)
   if reason: return {"error": reason}
-  cache_dir = tempfile.mkdtemp(prefix="tinychad-bench-mnist-cache-")
   cmd = [sys.executable, str(Path(__file__).resolve()), *argv, "--worker", library]
-  try:
-    proc = subprocess.run(cmd, env=worker_env(library, args.threads, cache_dir), cwd=REPO_ROOT, stdout=subprocess.PIPE,
-                          text=True, timeout=WORKER_TIMEOUT_S)
-  except subprocess.TimeoutExpired:
-    return {"error": f"timed out after {WORKER_TIMEOUT_S} s"}
-  finally:
-    shutil.rmtree(cache_dir, ignore_errors=True)
-  for line in proc.stdout.splitlines():
-    if line.startswith("BENCH "): return json.loads(line[len("BENCH "):])
-  return {"error": f"worker exited with code {proc.returncode} and no result (its traceback is above)"}
+  return bench_line_of(cmd, lambda cache_dir: worker_env(library, args.threads, cache_dir), WORKER_TIMEOUT_S)
 
 
 def format_table(results: dict[str, dict], args: argparse.Namespace) -> str:
