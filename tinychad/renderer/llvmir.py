@@ -120,7 +120,7 @@ class LLVMRenderer:
     self.entry = self.fn.append_basic_block("entry")
     self.b = ir.IRBuilder(self.entry)
     self.values: dict[int, ir.Value] = {}
-    self.vectors: dict[int, ir.Value] = {}     # float SIMD values that exist as one LLVM vector
+    self.vectors: dict[int, ir.Value] = {}     # SIMD values that exist as one LLVM vector (packed)
     self.loops: dict[int, tuple] = {}
 
   def ref(self, u: UOp) -> ir.Value | list[ir.Value]:
@@ -244,8 +244,8 @@ class LLVMRenderer:
     dtype = u.srcs[2].dtype
     if u.arg == "stream":
       # one vector store flagged !nontemporal, aligned to its whole size (linearize.py proved it is)
-      self.width, vtype = u.srcs[2].vec, ir.VectorType(mem_type(dtype), u.srcs[2].vec)
-      value = self.packed(u.srcs[2]) if _simd(u.srcs[2]) else self.vector_of_lanes(u.srcs[2], vtype)
+      self.width = u.srcs[2].vec
+      value = self.packed(u.srcs[2])
       ptr = self.b.gep(buf, [idx], inbounds=True, source_etype=mem_type(dtype))
       store = self.b.store(value, ptr, align=u.srcs[2].vec * dtype.itemsize)
       store.set_metadata("nontemporal", self.module.add_metadata([ir.Constant(ir.IntType(32), 1)]))
@@ -282,7 +282,8 @@ class LLVMRenderer:
     b.branch(header)
     b.position_at_end(exit_)
 
-  # -- float SIMD values as LLVM vectors: the lanes stay available as extracts, which fold away --
+  # -- float SIMD values (and an integer one a streaming store writes) as LLVM vectors: the lanes stay
+  #    available as extracts, which fold away --
   def packed(self, u: UOp) -> ir.Value:
     """u as one LLVM vector of `vec` lanes (a scalar is splatted)."""
     if id(u) in self.vectors: return self.vectors[id(u)]
@@ -291,12 +292,6 @@ class LLVMRenderer:
     vec = ir.Constant(ir.VectorType(reg_type(u.dtype), self.width), ir.Undefined)
     for i, x in enumerate(lanes): vec = self.b.insert_element(vec, x, ir.Constant(ir.IntType(32), i))
     if u.vec > 1 and u.op is not UOps.DEFINE_ACC: self.vectors[id(u)] = vec
-    return vec
-
-  def vector_of_lanes(self, u: UOp, vtype: ir.VectorType) -> ir.Value:
-    """An integer SIMD value (kept as a list of lanes) as one LLVM vector."""
-    vec = ir.Constant(vtype, ir.Undefined)
-    for i in range(u.vec): vec = self.b.insert_element(vec, self.lane(u, i), ir.Constant(ir.IntType(32), i))
     return vec
 
   def vector_accumulator(self, u: UOp) -> None:
