@@ -1,7 +1,10 @@
-"""Small shared helpers: environment flags, counters, argument normalisation."""
+"""Small shared helpers: environment flags, counters, argument normalisation, graph order."""
 from __future__ import annotations
 import math
 import os
+from typing import Callable, Hashable, Iterable, TypeVar
+
+T = TypeVar("T", bound=Hashable)
 
 
 def getenv(key: str, default=0):
@@ -38,3 +41,27 @@ class GlobalCounters:
   def reset() -> None:
     GlobalCounters.kernel_count = GlobalCounters.global_ops = GlobalCounters.global_mem = 0
     GlobalCounters.time_sum_s = 0.0
+
+
+def toposort(roots: Iterable[T], children: Callable[[T], Iterable[T]]) -> list[T]:
+  """Every node reachable from `roots`, each once, children before the nodes that reach them (roots
+  last, in the order given). Every graph walk in tinychad goes through here: kernel trees, the lazy
+  graph, autograd. It keeps a stack of its own, so a graph thousands of nodes deep (an unrolled RNN's
+  backward) needs no Python recursion."""
+  order: list[T] = []
+  seen: set[T] = set()
+  for root in roots:
+    if root in seen: continue
+    seen.add(root)
+    stack = [(root, iter(children(root)))]
+    while stack:
+      node, pending = stack[-1]
+      for child in pending:
+        if child not in seen:
+          seen.add(child)
+          stack.append((child, iter(children(child))))
+          break
+      else:
+        stack.pop()
+        order.append(node)
+  return order

@@ -7,7 +7,8 @@ Functions in function.py, which are written in terms of the same primitives.
 from __future__ import annotations
 import weakref
 from enum import Enum, auto
-from typing import Any
+from typing import Any, Callable
+from tinychad.helpers import toposort
 
 
 class _OpEnum(Enum):
@@ -114,15 +115,7 @@ class KernelNode:
   def walk(self) -> tuple[KernelNode, ...]:
     """Every node once, sources before users (self last). A tree never changes, so its order is worked
     out once per node; it is kept without self, which would be a reference cycle."""
-    if self._below is None:
-      seen, order = set(), []
-      def visit(node):
-        if id(node) in seen: return
-        seen.add(id(node))
-        for s in node.srcs: visit(s)
-        order.append(node)
-      for src in self.srcs: visit(src)
-      self._below = tuple(order)
+    if self._below is None: self._below = tuple(toposort(self.srcs, _sources))
     return self._below + (self,)
 
   def pretty(self) -> str:
@@ -149,3 +142,23 @@ class KernelNode:
       for src in node.srcs: show(src, indent + 1)
     show(self, 0)
     return "\n".join(lines)
+
+
+def _sources(node: KernelNode) -> tuple[KernelNode, ...]: return node.srcs
+
+
+def rewrite(root: KernelNode, fn: Callable[[KernelNode, tuple[KernelNode, ...]], KernelNode],
+            keep: Callable[[KernelNode], bool] | None = None) -> KernelNode:
+  """`root` rebuilt bottom-up: each distinct node once, as fn(node, its sources already rebuilt).
+  A node for which keep(node) is true is left as it is, with everything below it (a rebuild that
+  stops at a reduce). The one rebuilder of kernel trees; no recursion, so trees of any depth work."""
+  below = (lambda node: () if keep(node) else node.srcs) if keep is not None else _sources
+  done: dict[KernelNode, KernelNode] = {}
+  for node in toposort([root], below):
+    done[node] = node if keep is not None and keep(node) else fn(node, tuple(done[s] for s in node.srcs))
+  return done[root]
+
+
+def rebuild(node: KernelNode, srcs: tuple[KernelNode, ...], arg: Any = None) -> KernelNode:
+  """`node` with new sources (and a new arg, when one is given): what most rewrite functions return."""
+  return KernelNode(node.op, srcs, node.arg if arg is None else arg, node.dtype)

@@ -13,7 +13,7 @@ contiguous, splits for free. The lowering merges back whatever axes didn't need 
 from __future__ import annotations
 import functools
 import math
-from tinychad.ops import BufferOps, KernelNode, ReduceOps
+from tinychad.ops import BufferOps, KernelNode, ReduceOps, rebuild, rewrite
 
 Shape = tuple[int, ...]
 
@@ -35,13 +35,10 @@ def common_refinement(shape: Shape, other: Shape) -> Shape | None:
   return tuple(outer // inner for inner, outer in reversed(list(zip(cuts, cuts[1:])))) or ()
 
 
-def _reshaped(node: KernelNode, shape: Shape, done: dict[KernelNode, KernelNode]) -> KernelNode:
-  """`node` over `shape`; `done` holds the nodes already rebuilt (a subtree read twice is rebuilt once)."""
-  if node not in done:
-    srcs = tuple(_reshaped(s, shape, done) for s in node.srcs)
-    arg = (node.arg[0], node.arg[1].reshape(shape)) if node.op in (BufferOps.LOAD, BufferOps.CONST, BufferOps.STORE) else node.arg
-    done[node] = KernelNode(node.op, srcs, arg, node.dtype)
-  return done[node]
+def _reshaped(node: KernelNode, srcs: tuple[KernelNode, ...], shape: Shape) -> KernelNode:
+  """`node` (with its rebuilt sources) over `shape`: the views of loads, consts and the store reshaped."""
+  if node.op in (BufferOps.LOAD, BufferOps.CONST, BufferOps.STORE): return rebuild(node, srcs, (node.arg[0], node.arg[1].reshape(shape)))
+  return rebuild(node, srcs)
 
 
 # kernel trees are interned, so a schedule that repeats (a training loop) refines each kernel once
@@ -60,4 +57,4 @@ def refine_kernel_shape(ast: KernelNode) -> KernelNode:
   if refined == shape: return ast
   # keep the split only if no leaf gains a view (a masked axis may not split inside one view)
   if any(len(leaf.arg[1].reshape(refined).views) > len(leaf.arg[1].views) for leaf in leaves): return ast
-  return _reshaped(ast, refined, {})
+  return rewrite(ast, lambda node, srcs: _reshaped(node, srcs, refined))
