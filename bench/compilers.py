@@ -14,7 +14,7 @@ kernel, a thread per core), noting the kernels run; then the warm time (common.m
 as TinyJit replays from the third, then the median of 7 samples). Kernels run on one thread (compiling
 still uses every core): two threads on a shared machine add more noise than the compilers' code differs
 (one GPT forward took 45 or 180 ms). Last, with CACHE=0, it compiles each distinct kernel alone, one after
-another: C by ops_cpu.compile_c (a compiler process, the library loaded), LLVM IR by
+another: C by runtime/cc.compile_c (a compiler process, the library loaded), LLVM IR by
 ops_llvm.compile_object, loaded into MCJIT. Lowering and rendering, the same for every compiler, aren't timed.
 """
 from __future__ import annotations
@@ -32,10 +32,11 @@ from bench.cnn_train import tinychad_step
 from bench.common import bench_line_of, find_clang, format_number, measure, time_call, worker_env
 from bench.gpt import tinychad_gpt
 from tinychad.codegen import lower_item
-from tinychad.device import Device, find_c_compiler
+from tinychad.device import Device
+from tinychad.engine.realize import capture
 from tinychad.engine.schedule import ScheduleItem
 from tinychad.renderer.cstyle import render_c
-from tinychad.runtime.ops_cpu import compile_c
+from tinychad.runtime.cc import compile_c, find_c_compiler
 
 # each builds its workload on Device.DEFAULT (weights and inputs realized) and returns one call of it
 WORKLOADS = {"CNN step": lambda: tinychad_step(128), "GPT fwd": lambda: tinychad_gpt(8, 128)}
@@ -54,12 +55,8 @@ def backends() -> dict[str, dict[str, str] | str]:
 def run_workload(build: Callable[[], Callable[[], object]]) -> tuple[float, float, list[ScheduleItem]]:
   """(first call s, warm median s, the kernels the first call ran) for one workload."""
   fn = build()
-  device, items = Device[Device.DEFAULT], []
-  # an instance attribute in front of the class's exec: sees every kernel, whether prepare built it or not
-  device.exec = lambda item, bufs: (items.append(item), type(device).exec(device, item, bufs))
-  first = time_call(fn)
-  del device.exec
-  return first, measure(fn, warmup=2, repeats=7), items
+  with capture() as steps: first = time_call(fn)
+  return first, measure(fn, warmup=2, repeats=7), [item for item, _ in steps if item is not None]
 
 
 def compile_alone(item: ScheduleItem) -> float:
@@ -67,11 +64,12 @@ def compile_alone(item: ScheduleItem) -> float:
   program = lower_item(item)
   if Device.DEFAULT == "LLVM":
     from tinychad.renderer.llvmir import render_llvm
-    from tinychad.runtime.ops_llvm import CompiledKernel, compile_object
+    device = Device["LLVM"]
     source = render_llvm(program)
-    return time_call(lambda: CompiledKernel(compile_object(source), program.name, len(program.globals), program.parallel))
-  # a fresh comment makes the source new to the cache's in-memory layer, which keeps any kernel the
-  # workloads compiled alone (a realize of one kernel skips prepare), so the compiler always runs
+    return time_call(lambda: device.kernel(device.load(device.compile(source, program.name)), program.name,
+                                           len(program.globals), program.parallel))
+  # a fresh comment makes the source new to the cache's in-memory layer, which keeps any library the
+  # workloads compiled (a kernel alone in its library has this very source), so the compiler always runs
   source = render_c(program) + f"\n// compiled alone {time.perf_counter_ns()}\n"
   return time_call(lambda: compile_c(source, program.name, contract=program.contract))
 

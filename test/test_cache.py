@@ -91,8 +91,9 @@ def test_cache_disabled_writes_nothing(tmp_path):
   assert "compiles=1" in res.stdout and not list(tmp_path.iterdir())
 
 
-def test_llvm_prepare_compiles_the_schedule_on_threads(monkeypatch):
+def test_llvm_build_compiles_the_schedule_ahead(monkeypatch):
   from tinychad.device import Device
+  from tinychad.engine.realize import build
   from tinychad.engine.schedule import create_schedule
   from tinychad.lazy import LazyBuffer
   from tinychad.ops import BinaryOps, ReduceOps, UnaryOps
@@ -106,7 +107,7 @@ def test_llvm_prepare_compiles_the_schedule_on_threads(monkeypatch):
   assert len(items) >= 2
   device = Device["LLVM"]
   CacheStats.reset()
-  device.prepare(items)
+  build(items)
   assert all((it.ast, it.name) in device.programs for it in items)
   compiled = CacheStats.compiles
   np.testing.assert_allclose(out.numpy(), np.log2(x.sum(1, keepdims=True)) + x.max(1, keepdims=True), rtol=1e-6)
@@ -124,17 +125,18 @@ def _max_kernels(count: int) -> tuple[list, list]:
   return items, outs
 
 
-def test_cpu_prepare_builds_a_schedule_in_a_few_libraries(monkeypatch):
+def test_cpu_build_puts_a_schedule_in_a_few_libraries(monkeypatch):
   """A schedule's new kernels share a library per core (one compiler process each), under names of
   their own there, even when their kernel names are the same."""
   from tinychad.device import Device
+  from tinychad.engine.realize import build
   from tinychad.runtime.cache import CacheStats
   monkeypatch.setenv("CACHE", "0")
   device = Device["CPU"]
   monkeypatch.setattr(device, "programs", {})
   items, outs = _max_kernels(8)
   CacheStats.reset()
-  device.prepare(items)
+  build(items)
   assert all((it.ast, it.name) in device.programs for it in items)
   assert CacheStats.compiles <= min(os.cpu_count() or 1, len(items) - 1)
   compiled = CacheStats.compiles
@@ -143,20 +145,20 @@ def test_cpu_prepare_builds_a_schedule_in_a_few_libraries(monkeypatch):
   assert CacheStats.compiles == compiled     # realizing compiled nothing more
 
 
-def test_cpu_prepare_builds_each_kernel_alone_when_its_library_fails(monkeypatch):
+def test_cpu_build_builds_each_kernel_alone_when_its_library_fails(monkeypatch):
   from tinychad.device import Device
-  from tinychad.runtime import ops_cpu
+  from tinychad.engine.realize import build
   from tinychad.runtime.cache import CacheStats
+  from tinychad.runtime.cc import CompileError, build_c
   monkeypatch.setenv("CACHE", "0")
   device = Device["CPU"]
   monkeypatch.setattr(device, "programs", {})
-  real = ops_cpu.compile_c
   def failing_libraries(source, name, *args, **kwargs):
-    if ", " in name: raise ops_cpu.CompileError(f"kernels {name}: made to fail")
-    return real(source, name, *args, **kwargs)
-  monkeypatch.setattr(ops_cpu, "compile_c", failing_libraries)
+    if ", " in name: raise CompileError(f"kernels {name}: made to fail")
+    return build_c(source, name, *args, **kwargs)
+  monkeypatch.setattr(device, "compile", failing_libraries)
   items, outs = _max_kernels(4)
   CacheStats.reset()
-  device.prepare(items)
+  build(items)
   assert all((it.ast, it.name) in device.programs for it in items) and CacheStats.compiles == len(items)
   np.testing.assert_allclose(outs[3].numpy(), np.linspace(-2, 3, 96, dtype=np.float32).reshape(8, 12).max(1) * 4, rtol=1e-6)

@@ -15,7 +15,7 @@ from tinychad.lazy import LazyBuffer
 from tinychad.ops import BinaryOps, ReduceOps, UnaryOps, BufferOps, KernelNode
 from tinychad.renderer.cstyle import render_c, render_const
 from tinychad.renderer.llvmir import render_llvm
-from tinychad.runtime.ops_cpu import CompileError, compile_c
+from tinychad.runtime.cc import CompileError, compile_c
 from tinychad.view import ShapeTracker
 
 i, j, k = Var("i", 0, 9), Var("j", 0, 3), Var("k", 0, 5)

@@ -57,7 +57,7 @@ def test_a_clang_that_cannot_build_our_c_is_passed_over(tmp_path):
   fake.write_text("#!/bin/sh\nexit 1\n")
   fake.chmod(0o755)
   path = f"{tmp_path}{os.pathsep}{os.environ['PATH']}"
-  code = "from tinychad import Device; from tinychad.device import find_c_compiler; print(Device.DEFAULT, find_c_compiler())"
+  code = "from tinychad import Device; from tinychad.runtime.cc import find_c_compiler; print(Device.DEFAULT, find_c_compiler())"
   clean = {k: v for k, v in os.environ.items() if k not in ("DEVICE", "LLVM", "CC")}
   out = subprocess.run([sys.executable, "-c", code], env={**clean, "PATH": path}, capture_output=True, text=True, timeout=60)
   assert out.returncode == 0, out.stderr

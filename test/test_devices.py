@@ -260,7 +260,7 @@ ASAN_SCRIPT = textwrap.dedent("""
   print("CLEAN")
   if CONTROL:
     # a kernel that reads one element past the end must be caught, or this test proves nothing
-    from tinychad.runtime.ops_cpu import compile_c
+    from tinychad.runtime.cc import compile_c
     lib = compile_c("void oob(float* d, const float* s) { d[0] = s[16]; }", "oob")
     src, dst = np.zeros(16, np.float32), np.zeros(1, np.float32)
     lib.oob(ctypes.c_void_p(dst.ctypes.data), ctypes.c_void_p(src.ctypes.data))

@@ -6,7 +6,7 @@ import sys
 import numpy as np
 import pytest
 from tinychad import Tensor, dtypes
-from tinychad.device import find_c_compiler
+from tinychad.runtime.cc import find_c_compiler
 from tinychad.export import export_c
 
 CC = find_c_compiler()

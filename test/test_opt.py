@@ -22,7 +22,7 @@ from tinychad.ops import BinaryOps, BufferOps
 from tinychad.runtime import threads
 from tinychad.renderer.cstyle import render_c
 from tinychad.renderer.llvmir import render_llvm
-from tinychad.runtime.ops_cpu import compile_c
+from tinychad.runtime.cc import compile_c
 from tinychad.runtime.threads import MIN_PARALLEL_WORK, chunks
 
 DEVICES = ["CPU", "LLVM"]

@@ -15,10 +15,12 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 from tinychad import Tensor
-from tinychad.codegen import opt, search
+from tinychad.codegen import opt
 from tinychad.codegen.linearize import linearize, opt_inputs
 from tinychad.device import Buffer, Device
-from tinychad.engine.schedule import create_schedule, run_schedule
+from tinychad.engine import search
+from tinychad.engine.realize import run_schedule
+from tinychad.engine.schedule import create_schedule
 from tinychad.helpers import prod
 from tinychad.runtime.threads import run_parallel
 
@@ -59,18 +61,17 @@ def _kernel_under_test(name: str):
 
 def _numpy_result(item) -> np.ndarray:
   out = Buffer("NUMPY", item.output.size, item.output.dtype)
-  Device["NUMPY"].exec(item, [out] + [i.realized for i in item.inputs])
+  Device["NUMPY"].run(item.ast, [out] + [i.realized for i in item.inputs], item.points)
   return out.as_numpy().copy()
 
 
 def _cpu_result(item, opts: opt.Opts) -> np.ndarray:
   program = linearize(item.ast, item.name, opts)
-  backend = search.backend("CPU")
-  fn, _lib = backend.load(program, backend.compile(program, backend.render(program)))
+  kernel = Device["CPU"].build(program)
   out = Buffer("CPU", item.output.size, item.output.dtype).allocate()
   out.as_numpy()[:] = np.nan     # an element no lane writes can't pass for a right one
   addresses = [out.address] + [i.realized.address for i in item.inputs]
-  run_parallel(fn, addresses, program.parallel, prod(item.full_shape))
+  run_parallel(kernel.fn, addresses, kernel.parallel, prod(item.full_shape))
   return out.as_numpy().copy()
 
 

@@ -2,13 +2,13 @@
 
 in: a device name ("NUMPY", "CPU", "LLVM", optionally "CPU:0")  ->  out: the device object that runs
 kernels, and Buffers of host memory. All our devices live on the host, so a Buffer is a 64-byte
-aligned numpy array underneath; devices differ only in how they run a kernel.
+aligned numpy array underneath; devices differ only in how they build and run a kernel. Each device is
+a declaration in runtime/ (its renderer, compiler and program loader: runtime/compiled.py), imported
+by name on first use; engine/realize.py drives them.
 """
 from __future__ import annotations
-import functools
 import importlib
 import os
-import shutil
 import numpy as np
 from tinychad.dtype import DType
 
@@ -123,17 +123,3 @@ class _DeviceRegistry:
 
 
 Device = _DeviceRegistry()
-
-
-def find_c_compiler() -> str | None:
-  """`CC` from the environment, else the first of clang, gcc and cc that builds the C renderer's code."""
-  if os.getenv("CC"): return os.environ["CC"]
-  return _first_working_compiler()
-
-
-@functools.lru_cache(maxsize=None)
-def _first_working_compiler() -> str | None:
-  # clang 14 on x86 has no _Float16: taking it anyway would leave the CPU device unavailable, and
-  # tinychad silently on LLVM, on a machine whose gcc works. The probe needs the runtime's flags
-  from tinychad.runtime.ops_cpu import compiler_works
-  return next((cc for cc in ("clang", "gcc", "cc") if shutil.which(cc) and compiler_works(cc)), None)

@@ -106,9 +106,8 @@ def export_source(outputs: list[LazyBuffer], items: list[ScheduleItem], inputs: 
 def export_c(outputs, inputs=(), path: str | Path | None = None) -> str:
   """C source of a standalone program computing `outputs` (Tensors) from `inputs` (realized Tensors,
   which become tinychad_forward's parameters; everything else is embedded). Written to `path` (whole or
-  not at all) when given."""
-  from tinychad.tensor import Tensor
-  outputs = [outputs] if isinstance(outputs, Tensor) else list(outputs)
+  not at all) when given. Tensors are taken by their `.lazydata`: this module sits below the front end."""
+  outputs = [outputs] if hasattr(outputs, "lazydata") else list(outputs)
   # the program's outputs are whole buffers in row-major order, as numpy() shows them
   outs = [t.contiguous().lazydata for t in outputs]
   source = export_source(outs, create_schedule(outs), [t.lazydata for t in inputs])

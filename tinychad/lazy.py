@@ -169,7 +169,7 @@ class LazyBuffer:
 
   # ---- running ----
   def realize(self) -> LazyBuffer:
-    from tinychad.engine.schedule import realize
+    from tinychad.engine.realize import realize
     realize([self])
     return self
 

@@ -13,6 +13,8 @@ import numpy as np
 from tinychad import function as F
 from tinychad.device import Device
 from tinychad.dtype import DType, dtypes, result_type, scalar_dtype, promote_types
+from tinychad.engine.jit import note_assign, note_random
+from tinychad.engine.realize import realize
 from tinychad.helpers import argfix, prod
 from tinychad.lazy import LazyBuffer
 from tinychad.ops import BinaryOps
@@ -29,8 +31,6 @@ class Tensor:
   __slots__ = ("lazydata", "requires_grad", "grad", "_ctx", "__weakref__")
   training: bool = False   # dropout and batchnorm look at this
   no_grad: bool = False    # set by the no_grad() context: no graph for backward is recorded
-  random_listener = None   # set by TinyJit: random tensors made in a recorded step are drawn afresh on replay
-  assign_listener = None   # set by TinyJit: it learns which tensors a step updates, and which change between steps
   _rng: np.random.Generator = np.random.default_rng(0)
 
   def __init__(self, data, device: str | None = None, dtype: DType | str | None = None, requires_grad: bool | None = None):
@@ -93,7 +93,6 @@ class Tensor:
   # ---- running ----
   def realize(self, *others: Tensor) -> Tensor:
     """Compute this tensor (and `others`) now, in one schedule."""
-    from tinychad.engine.schedule import realize
     realize([t.lazydata for t in (self,) + others])
     return self
   exec = realize
@@ -137,7 +136,7 @@ class Tensor:
     """Replace this tensor's value (used by optimizers); shapes and dtypes must match."""
     other = other if isinstance(other, Tensor) else Tensor(other, device=self.device, dtype=self.dtype)
     if other.shape != self.shape: raise ValueError(f"assign: shape {_shape_str(other.shape)} does not match {_shape_str(self.shape)}")
-    if Tensor.assign_listener is not None: Tensor.assign_listener(self)
+    note_assign(self)   # TinyJit learns which tensors a step updates, and which change between steps
     self.lazydata = other.lazydata.cast(self.dtype)
     return self
 
@@ -202,7 +201,7 @@ class Tensor:
     """A tensor of fresh random numbers from `draw()` (host generator); TinyJit re-draws them on replay."""
     dtype = dtypes.from_any(dtype) if dtype is not None else dtypes.default_float
     out = Tensor(draw().astype(dtype.np), device=device, requires_grad=requires_grad)
-    if Tensor.random_listener is not None: Tensor.random_listener(out, lambda: draw().astype(dtype.np))
+    note_random(out, lambda: draw().astype(dtype.np))   # a TinyJit replay draws them afresh
     return out
 
   @staticmethod

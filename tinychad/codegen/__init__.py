@@ -1,27 +1,21 @@
 """The code generator: kernel trees in, linear IR out (see linearize.py); symbolic.py does index math.
 
-`lower_item` is what devices call: a ScheduleItem in, its Program out, printing the kernel tree and
-the IR at DEBUG>=3. A scatter-add (a gather's gradient) has a lowering of its own (scatter.py). With
-BEAM=n (n >= 1) the kernel's lanes and loop order come from a timed search (search.py) rather than
-from the heuristic alone; without it the search module isn't even imported.
+`lower_item` is what engine/realize.py (and export.py) call: a ScheduleItem in, its Program out,
+printing the kernel tree and the IR at DEBUG>=3. A scatter-add (a gather's gradient) has a lowering
+of its own (scatter.py). `opts` are the lanes, tiles and loop order to use (BEAM search's winner,
+engine/search.py); without them, opt.py's heuristic chooses.
 """
 from tinychad.codegen.linearize import UOp, UOps, Program, linearize
+from tinychad.codegen.opt import Opts
 from tinychad.codegen.scatter import lower_scatter_add
-from tinychad.helpers import DEBUG, getenv
+from tinychad.helpers import DEBUG
 from tinychad.ops import LoadOps
 
 
-def lower_item(item) -> Program:
+def lower_item(item, opts: Opts | None = None) -> Program:
   """The linear IR of a ScheduleItem's kernel."""
-  if item.ast.op is LoadOps.SCATTER_ADD:
-    program = lower_scatter_add(item.ast, item.name)
-  else:
-    opts = None
-    if getenv("BEAM", 0) >= 1:
-      # imported here: search.py needs the runtime modules, and they import this package
-      from tinychad.codegen.search import search_item
-      opts = search_item(item)
-    program = linearize(item.ast, item.name, opts)
+  if item.ast.op is LoadOps.SCATTER_ADD: program = lower_scatter_add(item.ast, item.name)
+  else: program = linearize(item.ast, item.name, opts)
   if DEBUG() >= 3:
     print(item.ast.pretty())
     print(program.pretty())

@@ -57,6 +57,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from tinychad.dtype import DType, dtypes
 from tinychad.helpers import getenv, prod
+from tinychad.host import simd_bytes
 from tinychad.ops import Op, UnaryOps
 
 # dtypes a SIMD value may hold: the renderers have vector types for these (half keeps per-op rounding scalar)
@@ -127,17 +128,6 @@ class Opts:
   stage: int | None = None           # the leaf (index into the leaves) copied into a scratch panel
   cache_rows: bool = True            # a row pass reads the costly values its reduce computed (linearize.py)
   stream: bool = True                # a big output is written with streaming stores (stream_min_bytes)
-
-
-@functools.lru_cache(maxsize=None)
-def simd_bytes() -> int:
-  """Bytes in one SIMD register of this host: 64 with AVX-512, 32 with AVX2, else 16."""
-  try:
-    with open("/proc/cpuinfo") as f: flags = next((ln for ln in f if ln.startswith("flags")), "").split()
-  except OSError:
-    flags = []
-  if "avx512f" in flags: return 64
-  return 32 if "avx2" in flags else 16
 
 
 # a kernel writes with streaming stores only an output at least this big (and at least the last-level

@@ -5,6 +5,10 @@ out: the same function, faster. Call 1 runs normally (compiles kernels); call 2 
 recording every kernel and the buffers it touched; later calls with the same input shapes and dtypes
 replay the recording with the new inputs' buffers, skipping the Tensor, autograd and scheduler layers.
 
+Tensors are whatever has a `.lazydata` (this module sits below the front end and never imports
+Tensor): outputs are rebuilt with the class of the tensors the function returned. Tensor.assign and
+Tensor's random constructors call note_assign and note_random; the kernels of the recorded call come
+from engine/realize.py's capture().
 State: a tensor updated with `assign()` inside the function (parameters, optimizer moments) is
 rebound to its freshly written buffer after each replay, so training steps work. A Python value the
 function reads (say `optimizer.lr`) is baked into the kernels as a constant: the JIT snapshots the
@@ -17,12 +21,11 @@ import time
 import types
 import weakref
 from typing import Any, Callable
-from tinychad.device import Buffer, Device
-from tinychad.engine import schedule
+from tinychad.device import Buffer
+from tinychad.engine.realize import capture, realize, run_kernel
 from tinychad.helpers import DEBUG
 from tinychad.lazy import LazyBuffer
 from tinychad.ops import LoadOps
-from tinychad.tensor import Tensor
 from tinychad.view import ShapeTracker
 
 
@@ -30,15 +33,15 @@ class _Recording:
   """What call 2 ran: kernels with their buffers, the tensors assigned, and the outputs."""
   def __init__(self):
     self.steps: list[tuple[Any, list[Buffer]]] = []      # (ScheduleItem or None for a copy, buffers)
-    self.assigned: dict[int, tuple[Tensor, Buffer]] = {}  # id(tensor) -> (tensor, buffer before the call)
+    self.assigned: dict[int, tuple[Any, Buffer]] = {}     # id(tensor) -> (tensor, buffer before the call)
     self.random: list[tuple[Buffer, Callable]] = []       # random buffers made in the call, and how to redraw them
     # filled in when the call ends:
     self.inputs: list[Buffer] = []                        # the argument tensors' buffers
-    self.outputs: list[tuple] = []                        # (buffer, base shape, view) of each returned tensor
+    self.outputs: list[tuple] = []                        # (class, buffer, base shape, view) of each returned tensor
     self.assigned_after: list[tuple] = []                 # (tensor, buffer, base shape, view) after the call
     self.structure: Any = None                            # what the function returned, to rebuild on replay
     self.external: set[int] = set()                       # buffers read but not written by the recording
-    self.rebound: dict[int, Tensor] = {}                  # external buffer -> tensor assigned since, outside
+    self.rebound: dict[int, Any] = {}                     # external buffer -> tensor assigned since, outside
 
 
 _active: _Recording | None = None
@@ -47,7 +50,10 @@ _active: _Recording | None = None
 _live_jits: weakref.WeakSet = weakref.WeakSet()
 
 
-def note_assign(tensor: Tensor) -> None:
+def _is_tensor(obj) -> bool: return hasattr(obj, "lazydata")
+
+
+def note_assign(tensor) -> None:
   """Called by every Tensor.assign. Inside a recorded call: remember the buffer the tensor held before
   the call changed it. Outside: tell each recording that reads the tensor's buffer where its value now lives."""
   base = tensor.lazydata.base
@@ -63,14 +69,9 @@ def note_assign(tensor: Tensor) -> None:
       jit.recording.rebound[id(base.realized)] = tensor
 
 
-def note_random(tensor: Tensor, redraw: Callable) -> None:
+def note_random(tensor, redraw: Callable) -> None:
   """Called by Tensor._random: a replay must draw new numbers, not reuse the recorded ones."""
   if _active is not None: _active.random.append((tensor.lazydata.base.realized, redraw))
-
-
-def note_run(item, bufs: list[Buffer]) -> None:
-  """Called by run_schedule for every kernel and copy it runs."""
-  if _active is not None: _active.steps.append((item, list(bufs)))
 
 
 def _scalar_state(roots: list, depth: int = 2) -> tuple:
@@ -82,7 +83,7 @@ def _scalar_state(roots: list, depth: int = 2) -> tuple:
     if isinstance(obj, (bool, int, float, str, type(None))):
       found.append((path, obj))
       return
-    if level == 0 or id(obj) in seen or isinstance(obj, (Tensor, LazyBuffer, Buffer, types.ModuleType, type, types.FunctionType)):
+    if level == 0 or id(obj) in seen or _is_tensor(obj) or isinstance(obj, (LazyBuffer, Buffer, types.ModuleType, type, types.FunctionType)):
       return
     seen.add(id(obj))
     if isinstance(obj, (list, tuple)):
@@ -103,6 +104,7 @@ class TinyJit:
     self.recording: _Recording | None = None
     self.key = None
     self.state = None
+    self.tensor_type: type | None = None      # the class of the tensors it takes or returns (for its modes)
     functools.update_wrapper(self, fn)
 
   def __get__(self, obj, objtype=None):
@@ -114,18 +116,25 @@ class TinyJit:
 
   def _roots(self, args, kwargs) -> list:
     fn = self.fn
-    roots = [a for a in args if not isinstance(a, Tensor)] + [v for v in kwargs.values() if not isinstance(v, Tensor)]
+    roots = [a for a in args if not _is_tensor(a)] + [v for v in kwargs.values() if not _is_tensor(v)]
     code = getattr(fn, "__code__", None)
     if code is not None:
       roots += [cell.cell_contents for cell in (fn.__closure__ or ()) if _cell_filled(cell)]
       roots += [fn.__globals__[name] for name in code.co_names if name in fn.__globals__]
     return roots
 
-  def __call__(self, *args, **kwargs):
-    tensors = [a for a in args if isinstance(a, Tensor)] + [v for v in kwargs.values() if isinstance(v, Tensor)]
-    if tensors: Tensor.realize(*tensors)
+  def _key(self, tensors: list) -> tuple:
     # train/eval mode and no_grad change which kernels a step runs, so they are part of the key
-    key = (Tensor.training, Tensor.no_grad) + tuple((t.shape, t.dtype, t.device, t.lazydata.st) for t in tensors)
+    cls = self.tensor_type
+    modes = (cls.training, cls.no_grad) if cls is not None else ()
+    return modes + tuple((t.shape, t.dtype, t.device, t.lazydata.st) for t in tensors)
+
+  def __call__(self, *args, **kwargs):
+    tensors = [a for a in args if _is_tensor(a)] + [v for v in kwargs.values() if _is_tensor(v)]
+    if tensors:
+      realize([t.lazydata for t in tensors])
+      self.tensor_type = type(tensors[0])
+    key = self._key(tensors)
     state = _scalar_state(self._roots(args, kwargs))
     if self.recording is not None and key == self.key and state == self.state:
       return self._replay(tensors)
@@ -133,26 +142,30 @@ class TinyJit:
       self.reset()
     self.calls += 1
     self.key, self.state = key, state
-    if self.calls < 2: return self.fn(*args, **kwargs)
-    return self._record(tensors, args, kwargs)
+    if self.calls >= 2: return self._record(tensors, args, kwargs)
+    out = self.fn(*args, **kwargs)
+    if self.tensor_type is None:
+      # a function of no tensors: its modes are read from the class of the tensors it returns
+      self.tensor_type = next((type(t) for t in _flatten(out)), None)
+      self.key = self._key(tensors)
+    return out
 
-  def _record(self, tensors: list[Tensor], args, kwargs):
+  def _record(self, tensors: list, args, kwargs):
     global _active
     recording = _Recording()
     _active = recording
-    schedule.capture, Tensor.random_listener = note_run, note_random
     try:
-      out = self.fn(*args, **kwargs)
-      outs = _flatten(out)
-      if outs: Tensor.realize(*outs)
+      with capture() as recording.steps:
+        out = self.fn(*args, **kwargs)
+        outs = _flatten(out)
+        if outs: realize([t.lazydata for t in outs])
     finally:
       _active = None
-      schedule.capture, Tensor.random_listener = None, None
     for t in outs:
       if t.lazydata.base.realized is None:
         raise RuntimeError("TinyJit: a returned tensor was not computed by a kernel (a constant?); return computed tensors")
     recording.inputs = [t.lazydata.base.realized for t in tensors]
-    recording.outputs = [(t.lazydata.base.realized, t.lazydata.base.shape, t.lazydata.st) for t in outs]
+    recording.outputs = [(type(t), t.lazydata.base.realized, t.lazydata.base.shape, t.lazydata.st) for t in outs]
     recording.assigned_after = [(t, t.lazydata.base.realized, t.lazydata.base.shape, t.lazydata.st) for t, _ in recording.assigned.values()]
     recording.structure = out
     # buffers the recording reads but did not write: tensors assigned later (outside) rebind them
@@ -162,14 +175,14 @@ class TinyJit:
     _live_jits.add(self)
     return out
 
-  def _replay(self, tensors: list[Tensor]):
+  def _replay(self, tensors: list):
     rec = self.recording
     swap: dict[int, Buffer] = {}
     for old, new in zip(rec.inputs, tensors): swap[id(old)] = new.lazydata.base.realized
     for tensor, before in rec.assigned.values(): swap[id(before)] = tensor.lazydata.base.realized
     for old_id, tensor in rec.rebound.items(): swap[old_id] = tensor.realize().lazydata.base.realized
     fresh: dict[int, Buffer] = {}
-    for buf, *_ in rec.outputs: fresh[id(buf)] = Buffer(buf.device, buf.size, buf.dtype).allocate()
+    for _, buf, _, _ in rec.outputs: fresh[id(buf)] = Buffer(buf.device, buf.size, buf.dtype).allocate()
     for _, after, _, _ in rec.assigned_after: fresh[id(after)] = Buffer(after.device, after.size, after.dtype).allocate()
     swap.update(fresh)
     for buf, redraw in rec.random: swap[id(buf)] = Buffer(buf.device, buf.size, buf.dtype).copyin(redraw())
@@ -180,11 +193,11 @@ class TinyJit:
         mapped[0].copyin(mapped[1].as_numpy())
         continue
       start = time.perf_counter() if debug >= 2 else 0.0
-      Device[item.output.device].exec(item, mapped)
+      run_kernel(item, mapped)
       if debug >= 2: print(f"  replay {item.name:30s} {item.output.device:6s} {(time.perf_counter() - start) * 1e6:9.1f} us")
     for tensor, after, base_shape, st in rec.assigned_after:
       tensor.lazydata = _wrap(swap[id(after)], base_shape, st)
-    outs = [Tensor.from_lazy(_wrap(swap[id(buf)], base_shape, st), None) for buf, base_shape, st in rec.outputs]
+    outs = [cls.from_lazy(_wrap(swap[id(buf)], base_shape, st), None) for cls, buf, base_shape, st in rec.outputs]
     return _rebuild(rec.structure, iter(outs))
 
 
@@ -203,19 +216,15 @@ def _wrap(buf: Buffer, base_shape: tuple[int, ...], st: ShapeTracker) -> LazyBuf
   return base if st == base.st else LazyBuffer(buf.device, st, buf.dtype, base=base)
 
 
-def _flatten(out) -> list[Tensor]:
-  if isinstance(out, Tensor): return [out]
+def _flatten(out) -> list:
+  if _is_tensor(out): return [out]
   if isinstance(out, (list, tuple)): return [t for o in out for t in _flatten(o)]
   if isinstance(out, dict): return [t for o in out.values() for t in _flatten(o)]
   return []
 
 
 def _rebuild(structure, outs):
-  if isinstance(structure, Tensor): return next(outs)
+  if _is_tensor(structure): return next(outs)
   if isinstance(structure, (list, tuple)): return type(structure)(_rebuild(s, outs) for s in structure)
   if isinstance(structure, dict): return {k: _rebuild(v, outs) for k, v in structure.items()}
   return structure
-
-
-
-Tensor.assign_listener = note_assign

@@ -42,13 +42,11 @@ reshape its layout can't express becomes one view), and one layout rule (off wit
 """
 from __future__ import annotations
 from dataclasses import dataclass, field
-import time
 from typing import Any, Generator
 from tinychad.codegen.opt import STAGE_MAX_BYTES, panel_width
 from tinychad.codegen.refine import refine_kernel_shape
-from tinychad.device import Buffer, Device
 from tinychad.engine.schedule_cache import graph_key, remember, remembered
-from tinychad.helpers import DEBUG, GlobalCounters, getenv, prod
+from tinychad.helpers import getenv, prod
 from tinychad.lazy import LazyBuffer
 from tinychad.ops import BufferOps, KernelNode, LoadOps, ReduceOps, ALU_OPS
 from tinychad.view import ShapeTracker
@@ -551,65 +549,3 @@ def _item_from_template(ast: KernelNode, output: LazyBuffer, inputs: tuple[LazyB
   item = ScheduleItem(ast, output, inputs)
   item._info = info
   return item
-
-
-def realize(outs: list[LazyBuffer]) -> None:
-  """Schedule and run: the one entry point Tensor.realize and LazyBuffer.realize use."""
-  # a view of a computed buffer is never copied, so already-computed outputs leave nothing to do
-  # (TinyJit realizes its inputs on every call)
-  if all(out.base.realized is not None for out in outs): return
-  items = create_schedule(outs)
-  if getenv("GRAPH", 0):
-    from tinychad.viz import save_graphs
-    for path in save_graphs(outs, items): print(f"graph: {path}")
-  if getenv("PORT", 0):
-    from tinychad.export import write_port
-    write_port(outs, items)
-  run_schedule(items)
-
-
-# set by TinyJit while it records: called with (item, buffers) for every kernel run, (None, [out, in]) for copies
-capture = None
-
-
-def run_schedule(items: list[ScheduleItem]) -> None:
-  start = time.perf_counter()
-  kernels, debug = 0, DEBUG()
-  if len(items) > 1: _prepare(items)
-  for item in items:
-    out = item.output
-    buf = Buffer(out.device, out.size, out.dtype).allocate()
-    if item.ast.op is LoadOps.COPY:
-      buf.copyin(item.inputs[0].realized.as_numpy())
-      if capture is not None: capture(None, [buf, item.inputs[0].realized])
-    elif item.is_kernel and out.size > 0:
-      t0 = time.perf_counter()
-      bufs = [buf] + [i.realized for i in item.inputs]
-      Device[out.device].exec(item, bufs)
-      if capture is not None: capture(item, bufs)
-      elapsed = time.perf_counter() - t0
-      kernels += 1
-      _count(item, elapsed)
-      if debug >= 2: print(f"  kernel {GlobalCounters.kernel_count:4d} {item.name:30s} {out.device:6s} {elapsed*1e6:9.1f} us")
-    out.realized, out.srcs = buf, ()
-  if debug >= 1 and items:
-    elapsed = time.perf_counter() - start
-    print(f"realize: {len(items)} items, {kernels} kernels, {elapsed*1e3:.2f} ms")
-
-
-def _prepare(items: list[ScheduleItem]) -> None:
-  """A device that can build kernels ahead (several compiler processes at once) gets its whole list first."""
-  kernels_by_device: dict[str, list[ScheduleItem]] = {}
-  for item in items:
-    if item.is_kernel and item.output.size > 0: kernels_by_device.setdefault(item.output.device, []).append(item)
-  for device, device_items in kernels_by_device.items():
-    prepare = getattr(Device[device], "prepare", None) if len(device_items) > 1 else None
-    if prepare is not None: prepare(device_items)
-
-
-def _count(item: ScheduleItem, elapsed: float) -> None:
-  _, _, op_count, points, moved = item.info
-  GlobalCounters.kernel_count += 1
-  GlobalCounters.global_ops += op_count * points
-  GlobalCounters.global_mem += moved
-  GlobalCounters.time_sum_s += elapsed

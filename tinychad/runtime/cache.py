@@ -1,9 +1,9 @@
 """The compiled-kernel cache: compile each kernel source once per machine, not once per process.
 
-in: a kernel's source, the compiler and its flags, and a function that compiles the source to a file
-    (or, for the LLVM device, to bytes of object code)
-out: a loaded shared library (ctypes.CDLL), or the object code's bytes, taken from memory, from
-     disk, or freshly compiled.
+in: the key of a binary (a hash of its source, compiler and flags: cache_key) and a function that
+    compiles the source to the binary's bytes (a shared library, an object file)
+out: the binary's bytes, from disk or freshly compiled; what a device loads from them is kept in
+     memory by the same key (memoize), once per process.
 Disk layout: `<dir>/<key>.so` (or `.o`) plus `<key>.sha256`, the checksum of the file's bytes. `dir` is
 `$TINYCHAD_CACHE`, else `~/.cache/tinychad`; `CACHE=0` turns the disk cache off.
 Kernel records (`<key>.kernel.json`) skip lowering and rendering in a new process: keyed by the kernel
@@ -13,9 +13,9 @@ facts the device needs to call it (buffer count, parallel extent).
 Files are written to a temporary name in the same directory and moved into place with os.replace,
 which is atomic, so a concurrent reader sees either no file or a whole one. A .so whose bytes don't
 match its checksum (a crash mid-write of an old version, a truncated copy) is rebuilt, not loaded.
+This module knows nothing of compilers or kernels' code: devices bring the compile and load steps.
 """
 from __future__ import annotations
-import ctypes
 import functools
 import hashlib
 import json
@@ -57,11 +57,12 @@ def cache_key(*parts: str) -> str:
 
 
 def memoize(key: str, build: Callable[[], Any]) -> Any:
-  """In-memory only: the value built for `key`, building it the first time."""
+  """In-memory only: the value built for `key`, building it the first time (a None isn't kept)."""
   if key in _memory:
     CacheStats.memory_hits += 1
     return _memory[key]
-  _memory[key] = value = build()
+  value = build()
+  if value is not None: _memory[key] = value
   return value
 
 
@@ -107,46 +108,12 @@ def cached_bytes(key: str, suffix: str, build: Callable[[], bytes]) -> bytes:
   return data
 
 
-def has_cached_bytes(key: str, suffix: str) -> bool:
-  """`<key><suffix>` is on disk and matches its checksum."""
+def stored_bytes(key: str, suffix: str) -> bytes | None:
+  """`<key><suffix>` from disk if it is there and matches its checksum; never builds."""
   directory = cache_dir()
-  return directory is not None and _read_verified(directory / f"{key}{suffix}", directory / f"{key}.sha256") is not None
-
-
-def _load_verified(lib_path: Path, sum_path: Path) -> ctypes.CDLL | None:
-  """The library at lib_path if its bytes match the checksum beside it, else None."""
-  if _read_verified(lib_path, sum_path) is None: return None
-  try:
-    return ctypes.CDLL(str(lib_path))
-  except OSError:
-    return None
-
-
-def load_shared_library(key: str, build: Callable[[Path], None]) -> ctypes.CDLL:
-  """The shared library for `key`; `build(path)` compiles it to `path` on a miss."""
-  if key in _memory:
-    CacheStats.memory_hits += 1
-    return _memory[key]
-  directory = cache_dir()
-  lib = None
-  if directory is not None:
-    lib_path, sum_path = directory / f"{key}.so", directory / f"{key}.sha256"
-    lib = _load_verified(lib_path, sum_path)
-    if lib is not None: CacheStats.disk_hits += 1
-  if lib is None:
-    with tempfile.TemporaryDirectory(dir=directory) as tmp:
-      built = Path(tmp) / "kernel.so"
-      build(built)
-      CacheStats.compiles += 1
-      data = built.read_bytes()
-      if directory is None:
-        lib = ctypes.CDLL(str(built))    # the mapping outlives the file
-      else:
-        _write_verified(lib_path, sum_path, data)
-        # load our own bytes, not whatever a concurrent writer put at lib_path meanwhile
-        lib = ctypes.CDLL(str(built))
-  _memory[key] = lib
-  return lib
+  data = _read_verified(directory / f"{key}{suffix}", directory / f"{key}.sha256") if directory is not None else None
+  if data is not None: CacheStats.disk_hits += 1
+  return data
 
 
 # ---- kernel records: kernel tree -> what to load, without lowering ----
@@ -188,16 +155,3 @@ def read_record(key: str) -> dict | None:
 def write_record(key: str, record: dict) -> None:
   directory = cache_dir()
   if directory is not None: atomic_write(directory / f"{key}.kernel.json", json.dumps(record).encode())
-
-
-def cached_library(key: str) -> ctypes.CDLL | None:
-  """The library for `key` if it is loaded or on disk intact; never builds."""
-  if key in _memory:
-    CacheStats.memory_hits += 1
-    return _memory[key]
-  directory = cache_dir()
-  lib = _load_verified(directory / f"{key}.so", directory / f"{key}.sha256") if directory is not None else None
-  if lib is not None:
-    CacheStats.disk_hits += 1
-    _memory[key] = lib
-  return lib

@@ -1,12 +1,11 @@
-"""The LLVM device: kernels compiled to LLVM IR and JIT-compiled in process with llvmlite.
+"""The LLVM device: kernels rendered to LLVM IR, compiled in-process by llvmlite, run as native code.
 
-in: a ScheduleItem and its Buffers (output first, then inputs by LOAD number)
-out: the output buffer filled by machine code from MCJIT, optimized at -O2 by LLVM's new pass
-     manager for the host CPU, run across threads (runtime/threads.py). A kernel's object code is
-     cached in memory and on disk (runtime/cache.py) by IR text and host CPU, so a new process
-     loads it instead of optimizing again, and a kernel record maps the kernel tree to that object
-     code, so a new process doesn't even lower or render it; `prepare(items)` compiles a schedule's
-     new kernels ahead (one at a time: llvmlite serializes calls into LLVM).
+in: LLVM IR text of one kernel from render_llvm  ->  out: its object code (an ELF object, optimized
+    at -O2 by LLVM's new pass manager for the host CPU; cached on disk by the kernel cache, keyed by
+    the IR and the host CPU), loaded into MCJIT, and the kernel's function in it.
+One kernel per module, compiled one after another (batch = False): llvmlite 0.50 holds one
+process-wide lock around every call into LLVM (binding/ffi.py's _LLVMLock), so threads compiled no
+faster than one (2.01 s against 2.02 s for two kernels).
 llvmlite 0.50: llvm.initialize() raises, so only the native target and asm printer are initialized.
 Each execution engine gets its own TargetMachine (an engine takes ownership of the one it's given).
 """
@@ -14,14 +13,9 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
-import os
-from typing import Callable
-from tinychad.codegen import lower_item
-from tinychad.codegen.opt import simd_bytes
-from tinychad.helpers import DEBUG
+from tinychad.host import simd_bytes
 from tinychad.renderer.llvmir import render_llvm
-from tinychad.runtime.cache import cache_key, cached_bytes, code_version, has_cached_bytes, memoize, read_record, tree_text, write_record
-from tinychad.runtime.threads import run_parallel
+from tinychad.runtime.compiled import Compiled
 
 
 @functools.lru_cache(maxsize=None)
@@ -74,17 +68,14 @@ def compile_object(source: str) -> bytes:
   return tm.emit_object(module)
 
 
-class CompiledKernel:
-  """One kernel's machine code loaded into MCJIT; holds the engine so the code stays alive."""
-  def __init__(self, obj: bytes, name: str, n_buffers: int, parallel: int):
-    llvm = _llvm()
-    self.parallel = parallel
-    # an engine needs a module to start from; the kernel itself comes in as an object file
-    self.engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), _target_machine())
-    self.engine.add_object_file(llvm.ObjectFileRef.from_data(obj))
-    self.engine.finalize_object()
-    self.address = self.engine.get_function_address(name)
-    self.fn = ctypes.CFUNCTYPE(None, *[ctypes.c_void_p] * n_buffers, ctypes.c_int64, ctypes.c_int64)(self.address)
+def _load(obj: bytes):
+  """Object code loaded into an MCJIT engine of its own (the engine keeps the code alive)."""
+  llvm = _llvm()
+  # an engine needs a module to start from; the kernel itself comes in as an object file
+  engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), _target_machine())
+  engine.add_object_file(llvm.ObjectFileRef.from_data(obj))
+  engine.finalize_object()
+  return engine
 
 
 @functools.lru_cache(maxsize=None)
@@ -93,44 +84,16 @@ def _host() -> str:
   return f"{llvm.get_process_triple()} {llvm.get_host_cpu_name()} {_features()}"
 
 
-def kernel_key(source: str) -> str:
-  """The cache key of a kernel's object code: its IR and the CPU the machine code is for."""
-  return cache_key("llvm", _host(), source)
+def _render(programs: list, symbols: list[str]) -> str:
+  (program,), (symbol,) = programs, symbols    # one kernel per module, under its own name
+  assert symbol == program.name, "the LLVM renderer names a function after its program"
+  return render_llvm(program)
 
 
-def plan_kernel(item) -> tuple[dict, str | None]:
-  """A kernel's record ({"object": key, "buffers": n, "parallel": extent}) and its IR, which is None
-  when the record and the object code were already on disk (nothing lowered, nothing rendered)."""
-  key = cache_key("llvm-record", tree_text(item.ast), item.name, code_version(), _host(),
-                  os.getenv("NOOPT", ""), os.getenv("BEAM", ""))
-  # DEBUG>=3 shows the IR and the source, so it always lowers
-  record = read_record(key) if DEBUG() < 3 else None
-  if record is not None and has_cached_bytes(record["object"], ".o"): return record, None
-  program = lower_item(item)
-  source = render_llvm(program)
-  if DEBUG() >= 4: print(source)
-  record = {"object": kernel_key(source), "buffers": len(program.globals), "parallel": program.parallel}
-  write_record(key, record)
-  return record, source
-
-
-def object_code(record: dict, source: str | None) -> bytes:
-  """The record's object code: from disk, else optimized and compiled from `source` by LLVM."""
-  def build() -> bytes:
-    if source is None: raise RuntimeError(f"object code {record['object']} vanished from the kernel cache")
-    return compile_object(source)
-  return cached_bytes(record["object"], ".o", build)
-
-
-def load_kernel(record: dict, name: str, obj: Callable[[], bytes]) -> CompiledKernel:
-  """The kernel loaded into MCJIT, once per process per object code."""
-  return memoize(record["object"], lambda: CompiledKernel(obj(), name, record["buffers"], record["parallel"]))
-
-
-class LLVMDevice:
-  def __init__(self, name: str):
-    self.name = name
-    self.programs: dict = {}      # (kernel tree, name) -> CompiledKernel
+class LLVMDevice(Compiled):
+  renderer = staticmethod(_render)
+  suffix = ".o"
+  load = staticmethod(_load)
 
   @staticmethod
   def available() -> bool:
@@ -140,23 +103,14 @@ class LLVMDevice:
       return False
     return True
 
-  def program(self, item) -> CompiledKernel:
-    key = (item.ast, item.name)
-    if key not in self.programs:
-      record, source = plan_kernel(item)
-      self.programs[key] = load_kernel(record, item.name, lambda: object_code(record, source))
-    return self.programs[key]
+  @staticmethod
+  def identity(source: str = "", contract: bool = False) -> str: return _host()   # contract is in the IR itself
 
-  def prepare(self, items) -> None:
-    """Compile the kernels of a schedule that aren't loaded yet, before the first one runs. One after
-    another: llvmlite 0.50 holds one process-wide lock around every call into LLVM (binding/ffi.py's
-    _LLVMLock), so threads compiled no faster than one (2.01 s against 2.02 s for two kernels)."""
-    for item in items:
-      if item.is_kernel: self.program(item)
+  @staticmethod
+  def compile(source: str, name: str, contract: bool = False) -> bytes: return compile_object(source)
 
-  def exec(self, item, bufs) -> None:
-    kernel = self.program(item)
-    run_parallel(kernel.fn, [b.allocate().address for b in bufs], kernel.parallel, item.points, kernel.address)
+  @staticmethod
+  def address(engine, symbol: str) -> int: return engine.get_function_address(symbol)
 
 
 def device_class(): return LLVMDevice

@@ -1,6 +1,6 @@
 """The numpy reference device: runs a kernel tree by evaluating it with numpy.
 
-in: a ScheduleItem (kernel tree) and its Buffers  ->  out: the output buffer filled.
+in: a kernel tree and its Buffers  ->  out: the output buffer filled.
 Loads are zero-copy strided views where one view suffices (masks become zero padding); stacked
 views fall back to index arrays. This device is the oracle the compiled devices are tested against,
 so it follows C semantics exactly (truncating integer division, fmod remainder).
@@ -102,13 +102,18 @@ def scatter_add(node: KernelNode, table: np.ndarray, rows: np.ndarray, indices: 
 
 
 class NumpyDevice:
-  def __init__(self, name: str): self.name = name
+  """Needs no compiler: its program is the kernel tree itself, interpreted on every run."""
+  renderer = None
+
+  def __init__(self, name: str):
+    self.name = name
+    self.programs: dict = {}      # (kernel tree, kernel name) -> the kernel tree
 
   @staticmethod
   def available() -> bool: return True
 
-  def exec(self, item, bufs) -> None:
-    store = item.ast
+  @staticmethod
+  def run(store: KernelNode, bufs, points: int) -> None:
     arrays = [b.as_numpy() for b in bufs]
     if store.op is LoadOps.SCATTER_ADD:
       scatter_add(store, *arrays)

@@ -25,6 +25,7 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 from tinychad.helpers import getenv
+from tinychad.runtime.cc import CompileError, compile_c
 
 MIN_PARALLEL_WORK = 1 << 16
 POOL_MAX_ARGS = 32          # buffers a kernel may take and still run on the native pool
@@ -174,7 +175,6 @@ def thread_count() -> int:
 @functools.lru_cache(maxsize=None)
 def _native_pool() -> Callable | None:
   """tc_run from POOL_SOURCE, or None when there is no working C compiler."""
-  from tinychad.runtime.ops_cpu import CompileError, compile_c
   try:
     run = compile_c(POOL_SOURCE, "thread pool").tc_run
   except (CompileError, OSError):

@@ -1,11 +1,12 @@
 """BEAM search: a kernel's lanes and loop order chosen by timing candidates, not by the heuristic alone.
 
 in: a kernel tree (`ast`, STORE root), its name, the device that will run it ("CPU" or "LLVM") and
-    the beam width n (`BEAM=n`, n >= 1; without BEAM, lower_item never imports this module)
+    the beam width n (`BEAM=n`, n >= 1; without BEAM, engine/realize.py never imports this module)
 out: the Opts to lower the kernel with (`linearize(ast, name, opts)`): the fastest candidate that
      computes what the heuristic's kernel computes, or the heuristic's own Opts when none is faster.
-How a candidate is tried: lowered and rendered here, compiled by the device's own functions
-(ops_cpu.compile_c, ops_llvm.compile_object, several compiles at once), then run on scratch buffers
+How a candidate is tried: lowered here, rendered, compiled and loaded by the device's own declaration
+(runtime/compiled.py: its renderer and compiler, through the kernel cache, several compiles at
+once), then run on scratch buffers
 of the kernel's sizes and dtypes: random inputs (positive floats, small positive integers) and an
 output of our own, never the user's buffers. Its first run must reproduce the heuristic's output
 (floats within RTOL of the output's scale: partial sums reassociate; everything else exactly) into
@@ -29,7 +30,6 @@ reads it instead of searching. DEBUG>=2 prints one line per kernel: its name, th
 the winner's time and how many candidates were tried.
 """
 from __future__ import annotations
-import ctypes
 import functools
 import json
 import math
@@ -40,7 +40,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 import numpy as np
 from tinychad.codegen import opt
 from tinychad.codegen.linearize import Program, linearize, opt_inputs
@@ -49,6 +49,7 @@ from tinychad.dtype import DType, dtypes
 from tinychad.helpers import DEBUG, getenv, prod
 from tinychad.ops import BufferOps, KernelNode
 from tinychad.runtime.cache import atomic_write, cache_dir, cache_key, code_version, tree_text
+from tinychad.runtime.compiled import Compiled, Kernel
 from tinychad.runtime.threads import run_parallel
 from tinychad.view import View
 
@@ -61,56 +62,6 @@ MIN_GAIN = 0.05         # a winner must beat the heuristic by this much: less wa
 RTOL = 1e-4             # float outputs: tolerance for reassociated sums, relative to the output's scale
 
 _search_lock = threading.Lock()
-
-
-@dataclass
-class Backend:
-  """One device's way from a Program to native code."""
-  render: Callable[[Program], str]
-  compile: Callable[[Program, str], Any]            # (program, source) -> compiled code; thread-safe
-  load: Callable[[Program, Any], tuple[Any, Any]]   # compiled code -> (fn(bufs..., start, end), its owner)
-  identity: str                                     # compiler and flags, or target CPU: in the cache key
-
-
-def _cpu_backend() -> Backend:
-  from tinychad.device import find_c_compiler
-  from tinychad.renderer.cstyle import render_c
-  from tinychad.runtime.ops_cpu import compile_c, compile_flags
-
-  def load(program: Program, lib: ctypes.CDLL) -> tuple[Any, Any]:
-    fn = getattr(lib, program.name)
-    fn.restype = None
-    fn.argtypes = [ctypes.c_void_p] * len(program.globals) + [ctypes.c_int64, ctypes.c_int64]
-    return fn, lib
-
-  return Backend(render_c, lambda program, source: compile_c(source, program.name, contract=program.contract),
-                 load, f"{find_c_compiler()} {' '.join(compile_flags())}")
-
-
-def _llvm_backend() -> Backend:
-  from tinychad.renderer.llvmir import render_llvm
-  from tinychad.runtime.cache import cached_bytes
-  from tinychad.runtime.ops_llvm import CompiledKernel, compile_object, kernel_key
-
-  def compile_program(program: Program, source: str) -> bytes:
-    # stored where the device looks for object code, so the winner isn't compiled a second time
-    return cached_bytes(kernel_key(source), ".o", lambda: compile_object(source))
-
-  def load(program: Program, obj: bytes) -> tuple[Any, Any]:
-    kernel = CompiledKernel(obj, program.name, len(program.globals), program.parallel)
-    return kernel.fn, kernel
-
-  # kernel_key hashes the host CPU in with the source: with no source it names just the host
-  return Backend(render_llvm, compile_program, load, kernel_key(""))
-
-
-_BACKENDS: dict[str, Callable[[], Backend]] = {"CPU": _cpu_backend, "LLVM": _llvm_backend}
-
-
-@functools.lru_cache(maxsize=None)
-def backend(device: str) -> Backend:
-  """The Backend of "CPU" or "LLVM" (built once: it imports that device's runtime)."""
-  return _BACKENDS[device]()
 
 
 # ---- scratch buffers ----
@@ -162,18 +113,18 @@ def _matches(got: np.ndarray, want: np.ndarray) -> bool:
 class _Trial:
   opts: opt.Opts
   run: Callable[[], None] | None = None     # None: it didn't lower or compile
-  owner: Any = None                         # keeps the native code loaded
+  kernel: Kernel | None = None              # keeps the native code loaded
   seconds: float = math.inf                 # inf until timed, and for a wrong or failed candidate
 
 
 class _Bench:
   """One kernel's scratch buffers, and its candidates compiled, checked and timed on them."""
-  def __init__(self, ast: KernelNode, name: str, device: str, backend: Backend, work: int):
-    self.ast, self.name, self.backend, self.work = ast, name, backend, work
+  def __init__(self, ast: KernelNode, name: str, device: Compiled, work: int):
+    self.ast, self.name, self.device, self.work = ast, name, device, work
     rng = np.random.default_rng(0)
     self.buffers = {}
     for number, (size, dtype) in sorted(buffer_specs(ast).items()):
-      buf = Buffer(device, max(size, 1), dtype).allocate()
+      buf = Buffer(device.name, max(size, 1), dtype).allocate()
       if number != 0: buf.copyin(_random_values(rng, buf.size, dtype))
       self.buffers[number] = buf
     self.addresses = [buf.address for _, buf in sorted(self.buffers.items())]
@@ -182,33 +133,30 @@ class _Bench:
     self.repeats = 1
     self.tried = self.rejected = 0
 
-  def _program(self, opts: opt.Opts) -> tuple[Program, str] | None:
+  def _program(self, opts: opt.Opts) -> Program | None:
     try:
-      program = linearize(self.ast, self.name, opts)
-      return program, self.backend.render(program)
-    except Exception:     # a candidate the lowering or the renderer can't take is dropped, whatever the error
+      return linearize(self.ast, self.name, opts)
+    except Exception:     # a candidate the lowering can't take is dropped, whatever the error
       return None
 
-  def _compile(self, lowered: tuple[Program, str] | None) -> Any:
-    if lowered is None: return None
+  def _build(self, program: Program | None) -> Kernel | None:
+    if program is None: return None
     try:
-      return self.backend.compile(*lowered)
-    except Exception:     # a compiler error (or an LLVM verifier one) drops the candidate
+      return self.device.build(program)
+    except Exception:     # a renderer or compiler error (or an LLVM verifier one) drops the candidate
       return None
 
   def build(self, candidates: list[opt.Opts]) -> list[_Trial]:
-    """Each candidate lowered and rendered (Python, here), compiled on threads (the compilers run
-    outside the GIL) and loaded; a failure leaves its run None."""
-    lowered = [self._program(opts) for opts in candidates]
+    """Each candidate lowered (Python, here), then rendered, compiled and loaded on threads (the
+    compilers run outside the GIL); a failure leaves its run None."""
+    programs = [self._program(opts) for opts in candidates]
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-      compiled = list(pool.map(self._compile, lowered))
+      kernels = list(pool.map(self._build, programs))
     trials = []
-    for opts, low, code in zip(candidates, lowered, compiled):
-      trial = _Trial(opts)
-      if code is not None:
-        program = low[0]
-        fn, trial.owner = self.backend.load(program, code)
-        trial.run = functools.partial(run_parallel, fn, self.addresses, program.parallel, self.work)
+    for opts, kernel in zip(candidates, kernels):
+      trial = _Trial(opts, kernel=kernel)
+      if kernel is not None:
+        trial.run = functools.partial(run_parallel, kernel.fn, self.addresses, kernel.parallel, self.work, kernel.address)
       trials.append(trial)
     self.tried += len(trials)
     return trials
@@ -274,7 +222,7 @@ def run_search(ast: KernelNode, name: str, device: str, width: int) -> SearchRes
   candidates = opt.candidate_opts(dims, leaves, dtypes_used, ops_used)
   untimed = SearchResult(candidates[0], math.nan, math.nan, 1, 0)
   if len(candidates) == 1 and not opt.order_variants(dims, candidates[0]): return untimed
-  bench = _Bench(ast, name, device, backend(device), prod(size for size, _ in dims))
+  bench = _Bench(ast, name, Device[device], prod(size for size, _ in dims))
   (heuristic,) = bench.build(candidates[:1])
   # a heuristic that doesn't compile is the device's error to report, with its own message
   if heuristic.run is None: return untimed
@@ -299,7 +247,7 @@ def run_search(ast: KernelNode, name: str, device: str, width: int) -> SearchRes
 def _cache_path(ast: KernelNode, name: str, device: str, width: int) -> Path | None:
   directory = cache_dir()
   if directory is None: return None
-  key = cache_key("beam", tree_text(ast), name, device, backend(device).identity, str(width), code_version())
+  key = cache_key("beam", tree_text(ast), name, device, Device[device].identity(), str(width), code_version())
   return directory / f"{key}.beam.json"
 
 
@@ -348,6 +296,6 @@ def _summary(result: SearchResult) -> str:
 
 
 def search_item(item) -> opt.Opts | None:
-  """search_opts for a ScheduleItem on its output's device; None where there are no kernels (NUMPY)."""
-  device = Device.canonicalize(getattr(getattr(item, "output", None), "device", None))
-  return search_opts(item.ast, item.name, device) if device in _BACKENDS else None
+  """search_opts for a ScheduleItem on its output's device; None where nothing is compiled (NUMPY)."""
+  device = Device[item.output.device]
+  return search_opts(item.ast, item.name, device.name) if isinstance(device, Compiled) else None

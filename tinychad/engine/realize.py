@@ -1,0 +1,221 @@
+"""Realize: the one place a schedule runs.
+
+in: the LazyBuffers to compute (realize), or a schedule of ScheduleItems (run_schedule)
+out: each item's output base realized (a Buffer), the kernels counted in GlobalCounters.
+For each kernel whose program its device hasn't loaded yet:
+  lower (codegen.lower_item, with BEAM search's opts when BEAM>=1: engine/search.py)
+  -> render (the device's renderer) -> compile (the device's compiler, through the kernel cache:
+  runtime/cache.py keeps its binaries on disk) -> load (the device's loader),
+and a kernel record (the kernel tree -> the binary and the symbol in it) is written, so that a new
+process loads the kernel without lowering or rendering it. All the schedule's new kernels are built
+before the first of them runs: a device with `batch` puts several in one binary, one binary per core,
+compiled at once (separate compiler processes); the others compile one after another. Then each
+kernel runs (the device's `run`), timed alone: GlobalCounters.time_sum_s and DEBUG=2 count run time
+only, and DEBUG=2 shows a kernel's compile time beside it when it was compiled in this realize.
+GRAPH=1 and PORT=1 write the graphs and the standalone C program of each realize (viz.py, export.py)
+before it runs. TinyJit records the kernels run inside `with capture() as steps:`.
+"""
+from __future__ import annotations
+import contextlib
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Iterator
+from tinychad.codegen import Program, lower_item
+from tinychad.device import Buffer, Device
+from tinychad.engine.schedule import ScheduleItem, create_schedule
+from tinychad.helpers import DEBUG, GlobalCounters, getenv
+from tinychad.lazy import LazyBuffer
+from tinychad.ops import LoadOps
+from tinychad.runtime.cache import cache_key, code_version, read_record, tree_text, write_record
+from tinychad.runtime.compiled import Compiled, Kernel
+
+# the open capture() blocks' lists (a TinyJit recording, a benchmark's): each kernel run is appended
+# to every one as (item, its buffers), each copy as (None, [out, in])
+_captures: list[list] = []
+
+
+@contextlib.contextmanager
+def capture() -> Iterator[list]:
+  """The kernels and copies run inside the block, in order, as (ScheduleItem or None, buffers)."""
+  steps: list = []
+  _captures.append(steps)
+  try:
+    yield steps
+  finally:
+    _captures.pop()      # blocks nest, so the last one opened closes first
+
+
+def realize(outs: list[LazyBuffer]) -> None:
+  """Schedule and run: the one entry point Tensor.realize and LazyBuffer.realize use."""
+  # a view of a computed buffer is never copied, so already-computed outputs leave nothing to do
+  # (TinyJit realizes its inputs on every call)
+  if all(out.base.realized is not None for out in outs): return
+  items = create_schedule(outs)
+  if getenv("GRAPH", 0):
+    from tinychad.viz import save_graphs
+    for path in save_graphs(outs, items): print(f"graph: {path}")
+  if getenv("PORT", 0):
+    from tinychad.export import write_port
+    write_port(outs, items)
+  run_schedule(items)
+
+
+def run_schedule(items: list[ScheduleItem]) -> None:
+  start = time.perf_counter()
+  kernels, debug = 0, DEBUG()
+  compile_s: dict[tuple, float] = {}
+  building = 0.0
+  for index, item in enumerate(items):
+    out = item.output
+    buf = Buffer(out.device, out.size, out.dtype).allocate()
+    if item.ast.op is LoadOps.COPY:
+      buf.copyin(item.inputs[0].realized.as_numpy())
+      for steps in _captures: steps.append((None, [buf, item.inputs[0].realized]))
+    elif item.is_kernel and out.size > 0:
+      device = Device[out.device]
+      program = device.programs.get((item.ast, item.name))
+      if program is None:
+        # the first kernel not loaded yet: build it with every other new one of the schedule (at
+        # DEBUG>=3 alone, so that its tree, IR and source print together)
+        t0 = time.perf_counter()
+        compile_s.update(build(items[index:] if debug < 3 else [item]))
+        building += time.perf_counter() - t0
+        program = device.programs[(item.ast, item.name)]
+      bufs = [buf] + [i.realized for i in item.inputs]
+      t0 = time.perf_counter()
+      device.run(program, bufs, item.points)
+      elapsed = time.perf_counter() - t0
+      for steps in _captures: steps.append((item, bufs))
+      kernels += 1
+      _count(item, elapsed)
+      if debug >= 2: _print_kernel(item, elapsed, compile_s.get((item.ast, item.name)))
+    out.realized, out.srcs = buf, ()
+  if debug >= 1 and items:
+    elapsed = time.perf_counter() - start
+    compiling = f" ({building * 1e3:.2f} ms of it loading and building kernels)" if building else ""
+    print(f"realize: {len(items)} items, {kernels} kernels, {elapsed*1e3:.2f} ms{compiling}")
+
+
+def run_kernel(item: ScheduleItem, bufs: list[Buffer]) -> None:
+  """One kernel on the buffers given (TinyJit's replay), built first if its device hasn't loaded it."""
+  device = Device[item.output.device]
+  program = device.programs.get((item.ast, item.name))
+  if program is None:
+    build([item])
+    program = device.programs[(item.ast, item.name)]
+  device.run(program, bufs, item.points)
+
+
+def _print_kernel(item: ScheduleItem, run_s: float, compile_s: float | None) -> None:
+  built = f"   built in {compile_s * 1e3:8.2f} ms" if compile_s is not None else ""
+  print(f"  kernel {GlobalCounters.kernel_count:4d} {item.name:30s} {item.output.device:6s} {run_s*1e6:9.1f} us{built}")
+
+
+def _count(item: ScheduleItem, elapsed: float) -> None:
+  _, _, op_count, points, moved = item.info
+  GlobalCounters.kernel_count += 1
+  GlobalCounters.global_ops += op_count * points
+  GlobalCounters.global_mem += moved
+  GlobalCounters.time_sum_s += elapsed
+
+
+# ---- building: lower -> render -> compile -> load ----
+
+@dataclass
+class _New:
+  """A kernel to compile: where its Kernel goes, its record's key, its IR and the seconds spent on it so far."""
+  key: tuple
+  record_key: str
+  program: Program
+  seconds: float
+
+
+def build(items: list[ScheduleItem]) -> dict[tuple, float]:
+  """Load every kernel of `items` that its device hasn't loaded: from its record when there is one,
+  else lowered, rendered and compiled. Returns the seconds each kernel built here took (lowering,
+  rendering and compiling its binary; a shared binary's compile counts for each of its kernels)."""
+  debug = DEBUG()
+  new: dict[Compiled, dict[tuple, _New]] = {}
+  for item in items:
+    if not item.is_kernel or item.output.size == 0: continue
+    device, key = Device[item.output.device], (item.ast, item.name)
+    if key in device.programs or key in new.get(device, {}): continue
+    if device.renderer is None:           # NUMPY: the program is the kernel tree
+      device.programs[key] = item.ast
+      continue
+    start = time.perf_counter()
+    record_key = cache_key("record", device.name, tree_text(item.ast), item.name, code_version(), device.identity(),
+                           os.getenv("NOOPT", ""), os.getenv("BEAM", ""))
+    # DEBUG>=3 shows the IR and the source, so it always lowers
+    kernel = _recorded(device, record_key) if debug < 3 else None
+    if kernel is not None:
+      device.programs[key] = kernel
+      continue
+    opts = None
+    if getenv("BEAM", 0) >= 1:
+      from tinychad.engine.search import search_item   # only with BEAM: it imports the whole search
+      opts = search_item(item)
+    new.setdefault(device, {})[key] = _New(key, record_key, lower_item(item, opts), time.perf_counter() - start)
+  seconds: dict[tuple, float] = {}
+  for device, members in new.items():
+    if device.batch and len(members) > 1:
+      binaries = _balanced_parts(list(members.values()), os.cpu_count() or 1)
+      with ThreadPoolExecutor(max_workers=len(binaries)) as pool:
+        built = [b for group in pool.map(lambda group: _compile(device, group, debug), binaries) for b in group]
+    else:
+      built = [b for member in members.values() for b in _compile(device, [member], debug)]
+    for member, kernel, compile_s in built:
+      device.programs[member.key] = kernel
+      seconds[member.key] = member.seconds + compile_s
+  return seconds
+
+
+def _recorded(device: Compiled, record_key: str) -> Kernel | None:
+  """The kernel its record names, if it was built before and its binary is still cached."""
+  record = read_record(record_key)
+  handle = device.stored_library(record["binary"]) if record is not None else None
+  return None if handle is None else device.kernel(handle, record["symbol"], record["buffers"], record["parallel"])
+
+
+def _compile(device: Compiled, members: list[_New], debug: int) -> list[tuple[_New, Kernel, float]]:
+  """One binary holding these kernels (each under a symbol of its own), their records written; if it
+  doesn't compile, each kernel is built alone, so the error names the kernel that failed."""
+  start = time.perf_counter()
+  programs = [m.program for m in members]
+  symbols = [programs[0].name] if len(members) == 1 else [f"{p.name}_{i}" for i, p in enumerate(programs)]
+  source = device.renderer(programs, symbols)
+  if debug >= 4: print(source)
+  try:
+    # the members share one contract flag (_balanced_parts groups them by it)
+    handle, binary_key = device.library(source, ", ".join(p.name for p in programs), programs[0].contract)
+  except Exception:
+    if len(members) == 1: raise
+    return [built for m in members for built in _compile(device, [m], debug)]
+  seconds = time.perf_counter() - start
+  built = []
+  for member, symbol in zip(members, symbols):
+    program = member.program
+    record = {"binary": binary_key, "symbol": symbol, "buffers": len(program.globals), "parallel": program.parallel}
+    write_record(member.record_key, record)
+    built.append((member, device.kernel(handle, symbol, record["buffers"], record["parallel"]), seconds))
+  return built
+
+
+def _balanced_parts(members: list[_New], parts: int) -> list[list[_New]]:
+  """`members` cut into binaries: kernels with the same FMA contraction flag (a flag for a whole file)
+  together, at most `parts` binaries per flag, of nearly equal size in uops (a stand-in for compile
+  time), the biggest placed first."""
+  by_flag: dict[bool, list[_New]] = {}
+  for member in members: by_flag.setdefault(member.program.contract, []).append(member)
+  out = []
+  for group in by_flag.values():
+    binaries: list[list[_New]] = [[] for _ in range(min(parts, len(group)))]
+    sizes = [0] * len(binaries)
+    for member in sorted(group, key=lambda m: -len(m.program.uops)):
+      lightest = sizes.index(min(sizes))
+      binaries[lightest].append(member)
+      sizes[lightest] += len(member.program.uops)
+    out += binaries
+  return out
