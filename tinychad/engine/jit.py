@@ -83,8 +83,8 @@ def _scalar_state(roots: list, depth: int = 2) -> tuple:
     if isinstance(obj, (bool, int, float, str, type(None))):
       found.append((path, obj))
       return
-    if level == 0 or id(obj) in seen or _is_tensor(obj) or isinstance(obj, (LazyBuffer, Buffer, types.ModuleType, type, types.FunctionType)):
-      return
+    if level == 0 or id(obj) in seen or _is_tensor(obj): return
+    if isinstance(obj, (LazyBuffer, Buffer, types.ModuleType, type, types.FunctionType)): return
     seen.add(id(obj))
     if isinstance(obj, (list, tuple)):
       for i, item in enumerate(obj[:64]): visit(item, f"{path}[{i}]", level - 1)
