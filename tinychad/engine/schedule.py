@@ -27,24 +27,15 @@ Kernels are scheduled in the graph's order, sources first, and the fusion questi
 along the graph run on a stack of their own (_answer): an unrolled RNN thousands of ops deep
 schedules without Python recursion.
 After fusion, an elementwise kernel may run over a finer shape (codegen/refine.py: a load that reads a
-reshape its layout can't express becomes one view), and one layout rule (off with NOOPT=1):
-  - a realized operand that a reduce reads with a large step along a reduce axis (a row of B in a
-    matmul: one page and one L1 set per step), contiguously along a non-reduce axis and many times
-    over (stride 0 along another axis) is first copied into panels, by a kernel of its own made of
-    movement ops + contiguous: panel p holds columns [p*P, (p+1)*P) for every reduce index, so the
-    register tile reads one contiguous stream (P = opt.panel_width, one tile row). The consumer's
-    lane axis is split into (panels, P) to read it through a single view. Only where one panel
-    is too big to stage: codegen copies a smaller one inside the kernel, each thread its own panel
-    while it is in cache (opt.py's `stage`), which costs no pass over memory and no kernel launch.
-    A transposed operand (w.T in x @ w.T: contiguous along the reduce, along no output axis) read
-    by TRANSPOSED_PACK_MIN_REUSE rows or more is packed into panels whatever its size, so the kernel
-    gets SIMD lanes along its output columns.
+reshape its layout can't express becomes one view), and a reduce kernel may read some operands from
+panels that a kernel of their own packs first (codegen/pack.py decides which and rewrites the kernel;
+the scheduler makes the panel copies; off with NOOPT=1).
 """
 from __future__ import annotations
 from dataclasses import dataclass, field
 import time
 from typing import Any, Generator
-from tinychad.codegen.opt import STAGE_MAX_BYTES, panel_width
+from tinychad.codegen.pack import Panels, pack_plan, split_lanes
 from tinychad.codegen.refine import refine_kernel_shape
 from tinychad.device import Buffer, Device
 from tinychad.engine.schedule_cache import graph_key, remember, remembered
@@ -53,15 +44,6 @@ from tinychad.lazy import LazyBuffer
 from tinychad.ops import BufferOps, KernelNode, LoadOps, ReduceOps, ALU_OPS
 from tinychad.view import ShapeTracker
 
-# a reduce step of at least this many bytes puts every read on its own 4 KiB page, in the same L1 set
-# (48 KiB, 12 ways: one way is 4 KiB), so a panel of B can't stay in L1 or the TLB: pack it
-PACK_MIN_STRIDE_BYTES = 4096
-# packing reads and writes the operand once; it pays off when the kernel reads it this many times over
-PACK_MIN_REUSE = 16
-# a transposed operand's pack is a transposing copy, dearer: x (M rows) @ w.T, w 1024x1024, 2 threads:
-# M=16 0.21 -> 0.41 ms, M=32 0.39 -> 0.52, M=64 0.81 -> 0.69, M=256 3.3 -> 1.8 ms (w 1024x256: M=32
-# 0.15 -> 0.12, M=64 0.32 -> 0.16)
-TRANSPOSED_PACK_MIN_REUSE = 64
 # ops one kernel may chain: a longer chain (a loop of elementwise updates, realized once at the end)
 # is cut into kernels this deep. Building, lowering and rendering a kernel tree recurse along it,
 # ~3 Python frames per op, which keeps a kernel well inside Python's default limit of 1000
@@ -344,59 +326,20 @@ class _KernelBuilder:
     return KernelNode(BufferOps.STORE, (body,), (0, ShapeTracker.from_shape(out_shape)), out.dtype)
 
   def pack_strided_loads(self, ast: KernelNode) -> KernelNode:
-    """The kernel with every operand that _lane_to_pack picks read from its panels instead (see the
-    module docstring), its lane axes split into (panels, P), and its inputs renumbered."""
-    reduce = next(n for n in ast.walk() if isinstance(n.op, ReduceOps))
-    axes, full = reduce.arg
-    loads = [n for n in ast.walk() if n.op is BufferOps.LOAD]
-    lanes = {n: lane for n in reduce.walk() if n.op is BufferOps.LOAD
-             if (lane := _lane_to_pack(n, axes, full, panel_width(n.dtype), ast, loads)) is not None}
-    if not lanes: return ast
-    splits = {lane: panel_width(n.dtype) for n, lane in lanes.items()}
+    """The kernel with the operands codegen/pack.py picks read from their panels (a kernel each,
+    scheduled first), its lane axes split into (panels, P), and its inputs renumbered."""
+    plan = pack_plan(ast)
+    if not plan: return ast
     old_inputs, self.inputs = self.inputs, []
-    packed = {n: _split_axis(lane, splits) for n, lane in lanes.items()}
-    return self.split_lanes(ast, splits, tuple(_split_axis(a, splits) for a in axes), packed, old_inputs, {})
-
-  def split_lanes(self, node: KernelNode, splits: dict[int, int], reduce_axes: tuple[int, ...],
-                  packed: dict[KernelNode, int], old_inputs: list[LazyBuffer], done: dict[KernelNode, KernelNode]) -> KernelNode:
-    """`node` rebuilt over the shape with the axes in `splits` split (the reduce's axes are then
-    `reduce_axes`); the loads in `packed` (with their split lane axis) read panels. `done` holds the
-    nodes already rebuilt (a subtree read twice is rebuilt once). A method, not a closure: a recursive
-    closure is a reference cycle that would keep this kernel's output alive (through self) until the
-    garbage collector runs, so the memory pool could not reuse it."""
-    if node not in done: done[node] = self._split_lanes(node, splits, reduce_axes, packed, old_inputs, done)
-    return done[node]
-
-  def _split_lanes(self, node: KernelNode, splits: dict[int, int], reduce_axes: tuple[int, ...],
-                   packed: dict[KernelNode, int], old_inputs: list[LazyBuffer], done: dict[KernelNode, KernelNode]) -> KernelNode:
-    if node.op in (BufferOps.LOAD, BufferOps.CONST):
-      st = node.arg[1].reshape(_split_shape(node.arg[1].shape, splits))
-      if node.op is BufferOps.CONST: return KernelNode(node.op, (), (node.arg[0], st), node.dtype)
-      base = old_inputs[node.arg[0] - 1]
-      return self.load_panels(base, st, packed[node], reduce_axes) if node in packed else self.load(base, st)
-    srcs = tuple(self.split_lanes(s, splits, reduce_axes, packed, old_inputs, done) for s in node.srcs)
-    if isinstance(node.op, ReduceOps):
-      return KernelNode(node.op, srcs, (reduce_axes, _split_shape(node.arg[1], splits)), node.dtype)
-    if node.op is BufferOps.STORE:
-      return KernelNode(node.op, srcs, (node.arg[0], node.arg[1].reshape(_split_shape(node.arg[1].shape, splits))), node.dtype)
-    return KernelNode(node.op, srcs, node.arg, node.dtype)
-
-  def load_panels(self, base: LazyBuffer, st: ShapeTracker, lane: int, reduce_axes: tuple[int, ...]) -> KernelNode:
-    """A LOAD of `base`'s panels for a kernel that reads base through `st`, whose lane axis is split
-    into (panels, P) at (lane, lane+1): the panels are base's elements in the order (other kept axes,
-    panel, reduce axes, P), so one tile row (P lanes) at consecutive reduce steps is one stream."""
-    shape, strides = st.shape, st.views[0].strides
-    # the broadcast axes (stride 0) are not materialized: the panels hold each element once
-    kept = st.shrink(tuple((0, 1) if stride == 0 else (0, s) for s, stride in zip(shape, strides)))
-    outer = [a for a in range(len(shape)) if a not in reduce_axes and a not in (lane, lane + 1)]
-    order = tuple(outer + [lane] + list(reduce_axes) + [lane + 1])
-    key = (base, kept)
-    if key not in self.scheduler.packed:
-      self.scheduler.packed[key] = LazyBuffer(base.device, kept, base.dtype, base=base).permute(order).contiguous()
-    # base itself (reshaped) when it already holds its elements in panel order: then nothing is copied
-    panels = self.scheduler.packed[key]
-    inverse = tuple(order.index(a) for a in range(len(order)))
-    return self.load(panels.base, ShapeTracker.from_shape(panels.shape).permute(inverse).expand(shape))
+    packed = self.scheduler.packed
+    def relink(load: KernelNode, st: ShapeTracker, panels: Panels | None) -> KernelNode:
+      base = old_inputs[load.arg[0] - 1]
+      if panels is None: return self.load(base, st)
+      key = (base, panels.kept)
+      if key not in packed: packed[key] = LazyBuffer(base.device, panels.kept, base.dtype, base=base).permute(panels.order).contiguous()
+      # base itself (reshaped) when it already holds its elements in panel order: then nothing is copied
+      return self.load(packed[key].base, panels.view)
+    return split_lanes(ast, plan, relink)
 
   def gather_node(self, out: LazyBuffer) -> KernelNode:
     """The GATHER leaf of `out`'s kernel: the index read over out's shape (broadcast along the row),
@@ -479,48 +422,6 @@ def _row_reduce_fits(reduce: LazyBuffer, shape: tuple[int, ...]) -> bool:
 def _plain(st: ShapeTracker, base: LazyBuffer) -> bool:
   """True when `st` reads all of base's buffer in order (a reshape at most)."""
   return st.contiguous and prod(st.shape) == base.size
-
-
-def _lane_to_pack(load: KernelNode, reduce_axes: tuple[int, ...], full: tuple[int, ...], panel: int,
-                  store: KernelNode, loads: list[KernelNode]) -> int | None:
-  """The lane axis (a multiple of `panel` long) along which `load` should be packed into panels, or
-  None. Packing needs one plain view that is reused (stride 0 along other output axes, for at least
-  PACK_MIN_REUSE points, TRANSPOSED_PACK_MIN_REUSE for a transposed operand) and either
-  steps far along a reduce axis while it runs along the lane axis (B in a matmul too big to stage in
-  the kernel), or is transposed: it runs along a reduce axis and along no output axis (the weight of
-  x @ weight.T, a Linear layer). A transposed operand would make the kernel take its SIMD lanes along
-  the reduce, as dot products (10 loads per 16 multiply-adds, and a horizontal sum per output: 1024 x
-  256 @ 256 x 1024 at 120 GFLOP/s on 2 threads); its panels put the lanes along the output axis the
-  store writes in order, which gets the matmul's register tile (340 GFLOP/s, the pack included),
-  provided the kernel's other loads allow lanes there too (codegen/opt.py's vector axis)."""
-  st = load.arg[1]
-  if len(st.views) != 1 or st.views[0].mask is not None: return None
-  strides, itemsize = st.views[0].strides, load.dtype.itemsize
-  reuse = prod(s for a, s in enumerate(full) if a not in reduce_axes and strides[a] == 0)
-  if reuse < PACK_MIN_REUSE: return None
-  lanes = [a for a, s in enumerate(full) if a not in reduce_axes and s % panel == 0]
-  if any(strides[a] == 1 for a in range(len(full)) if a not in reduce_axes):
-    if not any(abs(strides[a]) * itemsize >= PACK_MIN_STRIDE_BYTES for a in reduce_axes): return None
-    if prod(full[a] for a in reduce_axes) * panel * itemsize <= STAGE_MAX_BYTES: return None   # staged in the kernel
-    return next((a for a in lanes if strides[a] == 1), None)
-  if reuse < TRANSPOSED_PACK_MIN_REUSE or not any(strides[a] == 1 for a in reduce_axes): return None
-  def lanes_fit(a: int) -> bool:
-    """The store writes consecutive elements along a, and every other load one or consecutive ones."""
-    if store.arg[1].views[-1].strides[a] != 1: return False
-    return all(len(n.arg[1].views) == 1 and n.arg[1].views[0].strides[a] in (0, 1) for n in loads if n is not load)
-  return next((a for a in lanes if strides[a] != 0 and lanes_fit(a)), None)
-
-
-def _split_axis(axis: int, splits: dict[int, int]) -> int:
-  """Where `axis` lands once every axis in `splits` is split in two."""
-  return axis + sum(1 for a in splits if a < axis)
-
-
-def _split_shape(shape: tuple[int, ...], splits: dict[int, int]) -> tuple[int, ...]:
-  """`shape` with each axis a in `splits` split into (shape[a] // P, P)."""
-  out: list[int] = []
-  for a, s in enumerate(shape): out += [s // splits[a], splits[a]] if a in splits else [s]
-  return tuple(out)
 
 
 def _reshape_outside_reduce(node: KernelNode, shape: tuple[int, ...], done: dict[KernelNode, KernelNode]) -> KernelNode:
