@@ -142,9 +142,9 @@ def _kernel_info(ast: KernelNode, out_shape: tuple[int, ...]) -> tuple[str, tupl
   return info
 
 
-# The fusion rules (see the module docstring): each predicate a function of (scheduler, base), reading
-# only answers already filled in for the base's readers (owner, realizes) and for everything below it
-# (recompute_ops).
+# The fusion rules (see the module docstring): each predicate a function of (scheduler, base) that reads
+# only answers filled in before it is asked: recompute_ops (sources first) and the base's owner (worked
+# out from its readers' answers, readers first).
 def _output(s: _Scheduler, base: LazyBuffer) -> bool: return base in s.targets
 def _const(s: _Scheduler, base: LazyBuffer) -> bool: return base.op is LoadOps.CONST
 def _load_op(s: _Scheduler, base: LazyBuffer) -> bool: return isinstance(base.op, LoadOps)
