@@ -17,7 +17,8 @@ from tinychad.codegen import linearize, UOps
 from tinychad.codegen.opt import (REDUCE_UNROLL, STAGE_MAX_BYTES, TILE_ROWS, TRANSPOSE_LINE_BYTES, TRANSPOSE_MIN_POINTS,
                                   TRANSPOSE_STORE_LANES, LeafAccess, choose_opts, panel_width, simd_bytes)
 from tinychad.dtype import dtypes
-from tinychad.engine.schedule import PACK_MIN_STRIDE_BYTES, create_schedule
+from tinychad.codegen.pack import PACK_MIN_STRIDE_BYTES
+from tinychad.engine.schedule import create_schedule
 from tinychad.ops import BinaryOps, BufferOps
 from tinychad.runtime import threads
 from tinychad.renderer.cstyle import render_c

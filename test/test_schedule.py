@@ -5,6 +5,7 @@ import sys
 import numpy as np
 import pytest
 from tinychad import Tensor, GlobalCounters
+from tinychad.engine import schedule
 from tinychad.engine.schedule import MAX_FUSED_DEPTH
 from tinychad.ops import ReduceOps
 
@@ -141,6 +142,28 @@ def test_elementwise_read_several_times_by_one_kernel_stays_in_it():
   deep = x
   for _ in range(40): deep = deep * deep * 0.5 + deep
   assert kernels(deep) == 1
+
+
+def test_gelu_read_by_a_matmul_keeps_erf_in_one_kernel():
+  """GELU before a matmul (a GPT MLP): the matmul's expanding read makes gelu's output a kernel of its
+  own, and erf's clipped input, read by t = x*x and by x * P(t), is computed in erf's kernel from the
+  first matmul's output, not written to memory first: 4 kernels, whatever order the rules are asked in."""
+  x, w1, b, w2 = rand(16, 32), rand(32, 64), rand(64), rand(64, 8)
+  out = (x @ w1 + b).gelu() @ w2
+  assert len(out.schedule()) == 4
+  torch = __import__("torch")
+  expected = torch.nn.functional.gelu(torch.tensor(x.numpy() @ w1.numpy() + b.numpy())) @ torch.tensor(w2.numpy())
+  np.testing.assert_allclose(out.numpy(), expected.numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_each_decision_is_made_by_a_named_rule():
+  """Whether a base gets a kernel is decided by the first rule of REALIZE_RULES that holds, once per base."""
+  x = rand(32, 64)
+  names = [name for name, _, _ in schedule.REALIZE_RULES]
+  for out, rule in (((x + 1).erf(), "one_kernel"), (x.softmax(-1), "cheap"), (x @ rand(64, 64) * 2, "read_once")):
+    decided_by = schedule._Scheduler([out.lazydata]).decided_by
+    assert rule in decided_by.values() and set(decided_by.values()) <= set(names)
+    assert decided_by[out.lazydata.base] == "output"
 
 
 def test_long_chain_is_cut_into_kernels():

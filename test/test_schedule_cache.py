@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 from tinychad import Tensor
 from tinychad.engine import schedule, schedule_cache
-from tinychad.engine.schedule import PACK_MIN_STRIDE_BYTES, create_schedule
+from tinychad.codegen.pack import PACK_MIN_STRIDE_BYTES
+from tinychad.engine.schedule import create_schedule
 from tinychad.codegen.opt import STAGE_MAX_BYTES, panel_width
 from tinychad.dtype import dtypes
 

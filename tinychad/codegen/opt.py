@@ -31,7 +31,7 @@ The heuristics, in order (every choice divides its axis, except a register tile'
     (reduce index x the vector axis's tile lanes) that the tile then reads instead: one stream,
     every L1 set, instead of one row of B per page (codegen/linearize.py). Only where the panel
     fits STAGE_MAX_BYTES and the tile sweeps it at least STAGE_MIN_REUSE times; a bigger one is
-    packed by the scheduler ahead of the kernel (engine/schedule.py);
+    packed ahead of the kernel (codegen/pack.py decides, the scheduler copies);
   - loop order: with a register tile and a non-reduce vector axis, the vector axis's loop goes
     outermost (after the batch axes of a batched matmul, along which every operand moves), then
     the other axes along which the tile's shared load (stride 0 along the tile:

@@ -3,67 +3,71 @@
 in: the LazyBuffers to realize
 out: ScheduleItems, dependencies first. Each is one kernel tree (loads with views -> ALU ops -> at most
      one reduce -> ALU ops -> store) plus the buffers it reads and writes.
-Fusion rules, in order:
-  - a base that is already realized, a load op (COPY, EMPTY, CONTIGUOUS, GATHER, SCATTER_ADD) or used more than once is
-    its own kernel (so a tensor used twice is computed once), except a cheap elementwise base (a few
-    ALU ops over realized inputs, no reduce): re-reading its inputs costs less than writing it to
-    memory and reading it back, so each consumer recomputes it (softmax's exp is one), and an
-    elementwise base whose every read lands in one kernel (erf's x*x, read by two polynomials): it
-    is computed there once, in registers;
-  - an elementwise base read by exactly one consumer is inlined into that consumer's kernel, its views
-    composed with the consumer's (no copy), unless the view pads (padding reads zeros, and the op
-    may not map zero to zero) or expands (a matmul operand would be recomputed for every reuse);
-  - a reduce is inlined into its single elementwise consumer when that consumer reads it through a
-    plain contiguous view; then the consumer runs in the reduce's output space;
-  - a row reduce: a reduce over the innermost axes (a row of at most ROW_REDUCE_MAX_ELEMENTS) whose
-    consumer reads it back expanded over the same rows (softmax's 1/sum, layernorm's variance) is
-    inlined too, with the per-row ops between them; the kernel reduces a row, then loops over the
-    row again while it is in cache to compute and store it (codegen's "row pass"). Of several
-    candidates, the one the others feed (the variance, not the mean);
-  - a kernel holds at most one reduce; any other reduce it needs is realized first;
-  - a chain of inlined ops at most MAX_FUSED_DEPTH deep: a base deeper than that in its kernel's tree
-    is realized, so a loop of updates realized once at the end becomes several kernels.
-Kernels are scheduled in the graph's order, sources first, and the fusion questions that walk
-along the graph run on a stack of their own (_answer): an unrolled RNN thousands of ops deep
-schedules without Python recursion.
-After fusion, an elementwise kernel may run over a finer shape (codegen/refine.py: a load that reads a
-reshape its layout can't express becomes one view), and one layout rule (off with NOOPT=1):
-  - a realized operand that a reduce reads with a large step along a reduce axis (a row of B in a
-    matmul: one page and one L1 set per step), contiguously along a non-reduce axis and many times
-    over (stride 0 along another axis) is first copied into panels, by a kernel of its own made of
-    movement ops + contiguous: panel p holds columns [p*P, (p+1)*P) for every reduce index, so the
-    register tile reads one contiguous stream (P = opt.panel_width, one tile row). The consumer's
-    lane axis is split into (panels, P) to read it through a single view. Only where one panel
-    is too big to stage: codegen copies a smaller one inside the kernel, each thread its own panel
-    while it is in cache (opt.py's `stage`), which costs no pass over memory and no kernel launch.
-    A transposed operand (w.T in x @ w.T: contiguous along the reduce, along no output axis) read
-    by TRANSPOSED_PACK_MIN_REUSE rows or more is packed into panels whatever its size, so the kernel
-    gets SIMD lanes along its output columns.
+
+Which bases get a kernel of their own (REALIZE_RULES; the first rule that holds decides; a base
+computed already is read from its buffer):
+  - output: a base to realize is stored;
+  - const: a constant is no buffer: each kernel that reads it has it inline;
+  - load_op: a load op (COPY, EMPTY, CONTIGUOUS, GATHER, SCATTER_ADD) is its own kernel;
+  - read_once: a base read once (one edge of the graph) is inlined into its reader's kernel (how: the
+    read rules below);
+  - one_kernel: a base whose every read lands in one kernel (erf's x*x, read by two polynomials) is
+    computed there once, in registers (not through a reduce, nor a view that pads or expands);
+  - cheap: an elementwise base that takes at most CHEAP_OPS ALU ops and no reduce to recompute (over
+    inputs in memory) is recomputed by each reader: re-reading its inputs costs less than writing it
+    to memory and reading it back (softmax's exp). What it reads from bases that are read elsewhere
+    too is loaded unless those are cheap themselves: recomputed in several kernels, it leaves nothing
+    to one kernel;
+  - shared: any other base read more than once is its own kernel, so it is computed once.
+The rules are evaluated once per base, before any kernel is built, in two loops over the graph in
+topological order: sources first for what `cheap` counts (recompute_ops), then readers first for
+`one_kernel`'s kernel (owner) and the rules. Every answer is then a lookup: an unrolled RNN thousands
+of ops deep schedules without Python recursion.
+How a kernel reads a base it reaches (_KernelBuilder._build), in order:
+  - constant: a constant is a CONST leaf, its view composed with the reader's;
+  - load: a base with a kernel of its own (the rules above, or forced by an earlier read) is a LOAD;
+  - fused_reduce: the first reduce a kernel reads through a plain contiguous view is inlined, its
+    consumer running in the reduce's output space; a kernel holds at most one reduce, any other is
+    loaded (forced);
+  - row_value: a per-row value on the way to the kernel's row reduce (softmax's 1/sum), read expanded
+    over each row, is computed once per row, in registers;
+  - pads_or_expands: a view that pads (padding reads zeros, which the op may not map to zero) or
+    expands (a matmul operand would be recomputed for every reuse) loads the base (forced);
+  - inline: anything else is inlined, its views composed with the reader's (no copy).
+Row reduce (row_reduce_of): a reduce over the innermost axes (a row of at most ROW_REDUCE_MAX_ELEMENTS)
+whose consumer reads it back expanded over the same rows (softmax's 1/sum, layernorm's variance) is
+inlined into the consumer with the per-row ops between them; the kernel reduces a row, then loops over
+the row again while it is in cache to compute and store it (codegen's "row pass"). Of several
+candidates, the one the others feed (the variance, not the mean).
+Depth (too_deep): a chain of inlined ops at most MAX_FUSED_DEPTH deep: a base deeper than that in its
+kernel's tree is realized, so a loop of updates realized once at the end becomes several kernels.
+Kernels are scheduled in the graph's order, sources first. After fusion, an elementwise kernel may run
+over a finer shape (codegen/refine.py: a load that reads a reshape its layout can't express becomes
+one view), and a reduce kernel may read some operands from panels that a kernel of their own packs
+first (codegen/pack.py decides which and rewrites the kernel; the scheduler makes the panel copies;
+off with NOOPT=1).
 """
 from __future__ import annotations
 from dataclasses import dataclass, field
-from typing import Any, Generator
-from tinychad.codegen.opt import STAGE_MAX_BYTES, panel_width
+from typing import Callable
+from tinychad.codegen.pack import Panels, pack_plan, split_lanes
 from tinychad.codegen.refine import refine_kernel_shape
 from tinychad.engine.schedule_cache import graph_key, remember, remembered
-from tinychad.helpers import getenv, prod
+from tinychad.helpers import getenv, prod, toposort
 from tinychad.lazy import LazyBuffer
-from tinychad.ops import BufferOps, KernelNode, LoadOps, ReduceOps, ALU_OPS
+from tinychad.ops import BufferOps, KernelNode, LoadOps, ReduceOps, ALU_OPS, rebuild, rewrite
 from tinychad.view import ShapeTracker
 
-# a reduce step of at least this many bytes puts every read on its own 4 KiB page, in the same L1 set
-# (48 KiB, 12 ways: one way is 4 KiB), so a panel of B can't stay in L1 or the TLB: pack it
-PACK_MIN_STRIDE_BYTES = 4096
-# packing reads and writes the operand once; it pays off when the kernel reads it this many times over
-PACK_MIN_REUSE = 16
-# a transposed operand's pack is a transposing copy, dearer: x (M rows) @ w.T, w 1024x1024, 2 threads:
-# M=16 0.21 -> 0.41 ms, M=32 0.39 -> 0.52, M=64 0.81 -> 0.69, M=256 3.3 -> 1.8 ms (w 1024x256: M=32
-# 0.15 -> 0.12, M=64 0.32 -> 0.16)
-TRANSPOSED_PACK_MIN_REUSE = 64
+# ALU ops an elementwise base may take to recompute and still be recomputed by each reader
+CHEAP_OPS = 8
 # ops one kernel may chain: a longer chain (a loop of elementwise updates, realized once at the end)
 # is cut into kernels this deep. Building, lowering and rendering a kernel tree recurse along it,
 # ~3 Python frames per op, which keeps a kernel well inside Python's default limit of 1000
 MAX_FUSED_DEPTH = 128
+# a row reduce (see row_reduce_of) needs a row that stays in L1/L2 between its two passes, and
+# enough rows for every thread
+ROW_REDUCE_MAX_ELEMENTS = 8192
+ROW_REDUCE_MIN_ROWS = 16
 
 
 @dataclass
@@ -136,24 +140,33 @@ def _kernel_info(ast: KernelNode, out_shape: tuple[int, ...]) -> tuple[str, tupl
   return info
 
 
-# a fusion question: a generator that yields the questions it needs answered and returns its answer
-Question = Generator[Generator, Any, Any]
+# The fusion rules (see the module docstring): each predicate a function of (scheduler, base) that reads
+# only answers filled in before it is asked: recompute_ops (sources first) and the base's owner (worked
+# out from its readers' answers, readers first).
+def _output(s: _Scheduler, base: LazyBuffer) -> bool: return base in s.targets
+def _const(s: _Scheduler, base: LazyBuffer) -> bool: return base.op is LoadOps.CONST
+def _load_op(s: _Scheduler, base: LazyBuffer) -> bool: return isinstance(base.op, LoadOps)
+def _read_once(s: _Scheduler, base: LazyBuffer) -> bool: return s.uses.get(base, 0) <= 1
+def _one_kernel(s: _Scheduler, base: LazyBuffer) -> bool: return s.owner[base] is not None
+def _cheap(s: _Scheduler, base: LazyBuffer) -> bool: return s.recompute_ops[base] <= CHEAP_OPS
+def _shared(s: _Scheduler, base: LazyBuffer) -> bool: return True
 
 
-def _answer(question: Question) -> Any:
-  """Run `question`, sending each question it yields that one's answer, with the questions still
-  waiting on a list: a chain of them thousands long needs no Python recursion."""
-  waiting, answer = [question], None
-  while True:
-    try:
-      asked = waiting[-1].send(answer)
-    except StopIteration as finished:
-      waiting.pop()
-      if not waiting: return finished.value
-      answer = finished.value
-    else:
-      waiting.append(asked)
-      answer = None
+# (name, predicate, whether the base gets a kernel of its own), in order: the first rule that holds decides
+REALIZE_RULES: tuple[tuple[str, Callable[[_Scheduler, LazyBuffer], bool], bool], ...] = (
+  ("output", _output, True),
+  ("const", _const, False),
+  ("load_op", _load_op, True),
+  ("read_once", _read_once, False),
+  ("one_kernel", _one_kernel, False),
+  ("cheap", _cheap, False),
+  ("shared", _shared, True),
+)
+TOO_MANY_OPS = CHEAP_OPS + 1   # where recompute_ops stops counting; a reduce or a load op is too many
+
+
+def _sources_to_compute(base: LazyBuffer) -> list[LazyBuffer]:
+  return [b for src in base.srcs if (b := src.base).realized is None]
 
 
 class _Scheduler:
@@ -161,101 +174,83 @@ class _Scheduler:
     self.targets = {o.base for o in outs}
     self.items: list[ScheduleItem] = []
     self.scheduled: set[LazyBuffer] = set()
-    self.forced: set[LazyBuffer] = set()
+    self.forced: set[LazyBuffer] = set()     # bases a kernel loads although the rules inline them
+    self.packed: dict[tuple[LazyBuffer, ShapeTracker], LazyBuffer] = {}   # (operand, its view) -> its panels
+    # every base to compute, sources before the bases that read them
+    self.order = toposort([o.base for o in outs if o.base.realized is None], _sources_to_compute)
     self.uses: dict[LazyBuffer, int] = {}    # how many graph edges read each base
     self.readers: dict[LazyBuffer, list[tuple[LazyBuffer, ShapeTracker]]] = {}   # base -> (reader, view)
-    self._owner_memo: dict[LazyBuffer, LazyBuffer | None] = {}
     self.has_reduce = False    # any reduce left to compute (else there is no row reduce to look for)
-    self._cheap_memo: dict[LazyBuffer, bool] = {}
-    self.packed: dict[tuple[LazyBuffer, ShapeTracker], LazyBuffer] = {}   # (operand, its view) -> its panels
-    self._count_uses([o.base for o in outs])
-
-  def _count_uses(self, roots: list[LazyBuffer]) -> None:
-    """Fill uses and readers, and `order`: every base to compute, sources before the bases that read
-    them. Depth first with a stack of its own: graphs thousands of ops deep (an unrolled RNN's
-    backward) must not recurse."""
-    self.order: list[LazyBuffer] = []
-    seen: set[LazyBuffer] = set()
-    stack = [(root, False) for root in reversed(roots)]
-    while stack:
-      base, sources_done = stack.pop()
-      if sources_done:
-        self.order.append(base)
-        continue
-      if base in seen or base.realized is not None: continue
-      seen.add(base)
+    for base in self.order:
       if isinstance(base.op, ReduceOps): self.has_reduce = True
-      stack.append((base, True))
-      for src in reversed(base.srcs):
-        child = src.base
-        self.uses[child] = self.uses.get(child, 0) + 1
-        self.readers.setdefault(child, []).append((base, src.st))
-        stack.append((child, False))
+      for src in base.srcs:
+        self.uses[src.base] = self.uses.get(src.base, 0) + 1
+        self.readers.setdefault(src.base, []).append((base, src.st))
+    self.recompute_ops: dict[LazyBuffer, int] = {}
+    self.owner: dict[LazyBuffer, LazyBuffer | None] = {}
+    self.realizes: dict[LazyBuffer, bool] = {}
+    self.decided_by: dict[LazyBuffer, str] = {}   # the rule that decided, by name
+    # only a base read more than once asks one_kernel and cheap: where there is none (a tree of ops, as
+    # most eager ops make) neither pass's answers are needed
+    shared = any(self.uses.get(base, 0) > 1 for base in self.order)
+    if shared:
+      for base in self.order: self.recompute_ops[base] = self._recompute_ops(base)
+    for base in reversed(self.order):
+      if shared: self.owner[base] = self._owner(base)
+      self.decided_by[base], self.realizes[base] = self._decide(base)
 
-  # The fusion questions below (must this base be realized? does one kernel read all of it? is it
-  # cheap to recompute?) ask each other along chains of ops, forwards and backwards, and an unrolled
-  # RNN's backward chains thousands of ops. So they are generators that yield the questions they
-  # need answered, and _answer runs them on a list of its own instead of Python's call stack.
-  def must_realize(self, base: LazyBuffer) -> bool: return _answer(self._must_realize(base))
+  def _decide(self, base: LazyBuffer) -> tuple[str, bool]:
+    """(name, gets a kernel of its own) of the first rule in REALIZE_RULES that holds for `base`."""
+    for name, holds, realize in REALIZE_RULES:
+      if holds(self, base): break   # the last rule always holds
+    return name, realize
 
-  def _must_realize(self, base: LazyBuffer) -> Question:
-    if base.realized is not None or base in self.targets or base in self.forced: return True
-    if base.op is LoadOps.CONST: return False
-    if isinstance(base.op, LoadOps): return True
-    if self.uses.get(base, 0) <= 1: return False
-    if (yield self._single_kernel(base)) is not None: return False
-    return not (yield self._cheap(base))
+  def _recompute_ops(self, base: LazyBuffer) -> int:
+    """ALU ops a kernel inlines to recompute `base`, counting at most to TOO_MANY_OPS (a reduce or a
+    load op is too many)."""
+    if isinstance(base.op, (ReduceOps, LoadOps)): return TOO_MANY_OPS
+    ops = 1
+    for src in base.srcs:
+      child = src.base
+      if self._loaded_when_recomputing(child): continue
+      if isinstance(child.op, ReduceOps) and not _plain(src.st, child): continue   # it will be loaded
+      if src.st.has_mask or src.size > child.size: continue   # build() force-loads it (layernorm's mean)
+      ops += self.recompute_ops[child]
+    return min(ops, TOO_MANY_OPS)
 
-  def _single_kernel(self, base: LazyBuffer) -> Question:
+  def _loaded_when_recomputing(self, child: LazyBuffer) -> bool:
+    """A kernel that recomputes a reader of `child` loads it (or has it inline, a constant): the rules
+    without one_kernel, since what a base recomputed by each reader reads lands in several kernels."""
+    return child.realized is not None or child in self.targets or isinstance(child.op, LoadOps) or \
+      (self.uses[child] > 1 and self.recompute_ops[child] > CHEAP_OPS)
+
+  def _owner(self, base: LazyBuffer) -> LazyBuffer | None:
     """The output of the one kernel every read of elementwise `base` is inlined into, or None when
-    its reads land in several kernels (or in a reduce, or through a view that forces a load).
-    erf's x*x is read by both of its polynomials: it stays in registers instead of memory."""
-    if base in self._owner_memo: return self._owner_memo[base]
-    self._owner_memo[base] = None   # a cycle can't happen in a DAG; this only guards re-entry
+    its reads land in several kernels (or in a reduce, or through a view that forces a load)."""
     owner: LazyBuffer | None = None
     for reader, st in self.readers.get(base, ()):
       if isinstance(reader.op, ReduceOps) or isinstance(base.op, ReduceOps): return None
       if st.has_mask or prod(st.shape) > base.size: return None
-      here = reader if (yield self._must_realize(reader)) else (yield self._single_kernel(reader))
+      here = reader if self.realizes[reader] else self.owner[reader]
       if here is None or (owner is not None and here is not owner): return None
       owner = here
-    self._owner_memo[base] = owner
     return owner
 
-  CHEAP_OPS = 8   # ALU ops an elementwise base may have and still be recomputed by each consumer
-
-  def _cheap(self, base: LazyBuffer) -> Question:
-    if base not in self._cheap_memo:
-      self._cheap_memo[base] = (yield self._count_fused_ops(base, self.CHEAP_OPS)) is not None
-    return self._cheap_memo[base]
-
-  def _count_fused_ops(self, base: LazyBuffer, budget: int) -> Question:
-    """ALU ops in the part of base's graph a kernel would inline; None if over budget or a reduce is inlined."""
-    if isinstance(base.op, ReduceOps) or isinstance(base.op, LoadOps): return None
-    used = 1
-    for src in base.srcs:
-      child = src.base
-      if child.realized is not None or child.op is LoadOps.CONST or (yield self._must_realize(child)): continue
-      if isinstance(child.op, ReduceOps) and not _plain(src.st, child): continue   # it will be loaded
-      if src.st.has_mask or src.size > child.size: continue   # build() force-loads it (layernorm's mean)
-      more = yield self._count_fused_ops(child, budget - used)
-      if more is None: return None
-      used += more
-    return used if used <= budget else None
+  def must_realize(self, base: LazyBuffer) -> bool:
+    """Whether a kernel reads `base` from memory: computed already, given a kernel by the rules, or
+    forced by a kernel built before (a read that pads or expands it, a second reduce)."""
+    return base.realized is not None or base in self.forced or self.realizes[base]
 
   def _inlined_reduces(self, base: LazyBuffer, through_reduces: bool) -> set[LazyBuffer]:
     """The reduces a kernel computing `base` could inline: reached through bases that aren't realized,
     past other reduces' inputs only when `through_reduces`."""
-    found, seen, stack = set(), set(), [src.base for src in base.srcs]
-    while stack:
-      node = stack.pop()
-      if node in seen or node.realized is not None or node.op is LoadOps.CONST or self.must_realize(node): continue
-      seen.add(node)
-      if isinstance(node.op, ReduceOps):
-        found.add(node)
-        if not through_reduces: continue
-      stack.extend(src.base for src in node.srcs)
-    return found
+    def inlined(node: LazyBuffer) -> bool:
+      return node.realized is None and node.op is not LoadOps.CONST and not self.must_realize(node)
+    def sources(node: LazyBuffer) -> list[LazyBuffer]:
+      if isinstance(node.op, ReduceOps) and not through_reduces: return []
+      return [src.base for src in node.srcs if inlined(src.base)]
+    reached = toposort([src.base for src in base.srcs if inlined(src.base)], sources)
+    return {node for node in reached if isinstance(node.op, ReduceOps)}
 
   def reaches(self, base: LazyBuffer, reduce: LazyBuffer | None) -> bool:
     """`reduce` is `base` or one of the reduces base's kernel could inline."""
@@ -276,8 +271,8 @@ class _Scheduler:
     """A kernel for every base that must be realized, sources first: when a kernel is built, the
     kernels it loads from are scheduled already, so building never recurses from one kernel into
     the next (only into a base a build decides to load, which has nothing left to wait for)."""
-    # how many ops deep each base's inlined tree would be: past MAX_FUSED_DEPTH the base gets a
-    # kernel of its own, so no kernel tree is deep enough to recurse past Python's limit
+    # too_deep: how many ops deep each base's inlined tree would be: past MAX_FUSED_DEPTH the base gets
+    # a kernel of its own, so no kernel tree is deep enough to recurse past Python's limit
     depth: dict[LazyBuffer, int] = {}
     for base in self.order:
       if not self.must_realize(base):
@@ -338,63 +333,25 @@ class _KernelBuilder:
     if self.fused_reduce is not None and self.fused_reduce is not out and self.fused_reduce is not self.row_reduce:
       # the consumer of a fused reduce runs in the reduce's output space
       out_shape = self.fused_reduce.shape
-      body = _reshape_outside_reduce(body, out_shape, {})
+      body = _reshape_outside_reduce(body, out_shape)
     return KernelNode(BufferOps.STORE, (body,), (0, ShapeTracker.from_shape(out_shape)), out.dtype)
 
   def pack_strided_loads(self, ast: KernelNode) -> KernelNode:
-    """The kernel with every operand that _lane_to_pack picks read from its panels instead (see the
-    module docstring), its lane axes split into (panels, P), and its inputs renumbered."""
-    reduce = next(n for n in ast.walk() if isinstance(n.op, ReduceOps))
-    axes, full = reduce.arg
-    loads = [n for n in ast.walk() if n.op is BufferOps.LOAD]
-    lanes = {n: lane for n in reduce.walk() if n.op is BufferOps.LOAD
-             if (lane := _lane_to_pack(n, axes, full, panel_width(n.dtype), ast, loads)) is not None}
-    if not lanes: return ast
-    splits = {lane: panel_width(n.dtype) for n, lane in lanes.items()}
+    """The kernel with the operands codegen/pack.py picks read from their panels (a kernel each,
+    scheduled first), its lane axes split into (panels, P), and its inputs renumbered."""
+    plan = pack_plan(ast)
+    if not plan: return ast
     old_inputs, self.inputs = self.inputs, []
-    packed = {n: _split_axis(lane, splits) for n, lane in lanes.items()}
-    return self.split_lanes(ast, splits, tuple(_split_axis(a, splits) for a in axes), packed, old_inputs, {})
-
-  def split_lanes(self, node: KernelNode, splits: dict[int, int], reduce_axes: tuple[int, ...],
-                  packed: dict[KernelNode, int], old_inputs: list[LazyBuffer], done: dict[KernelNode, KernelNode]) -> KernelNode:
-    """`node` rebuilt over the shape with the axes in `splits` split (the reduce's axes are then
-    `reduce_axes`); the loads in `packed` (with their split lane axis) read panels. `done` holds the
-    nodes already rebuilt (a subtree read twice is rebuilt once). A method, not a closure: a recursive
-    closure is a reference cycle that would keep this kernel's output alive (through self) until the
-    garbage collector runs, so the memory pool could not reuse it."""
-    if node not in done: done[node] = self._split_lanes(node, splits, reduce_axes, packed, old_inputs, done)
-    return done[node]
-
-  def _split_lanes(self, node: KernelNode, splits: dict[int, int], reduce_axes: tuple[int, ...],
-                   packed: dict[KernelNode, int], old_inputs: list[LazyBuffer], done: dict[KernelNode, KernelNode]) -> KernelNode:
-    if node.op in (BufferOps.LOAD, BufferOps.CONST):
-      st = node.arg[1].reshape(_split_shape(node.arg[1].shape, splits))
-      if node.op is BufferOps.CONST: return KernelNode(node.op, (), (node.arg[0], st), node.dtype)
-      base = old_inputs[node.arg[0] - 1]
-      return self.load_panels(base, st, packed[node], reduce_axes) if node in packed else self.load(base, st)
-    srcs = tuple(self.split_lanes(s, splits, reduce_axes, packed, old_inputs, done) for s in node.srcs)
-    if isinstance(node.op, ReduceOps):
-      return KernelNode(node.op, srcs, (reduce_axes, _split_shape(node.arg[1], splits)), node.dtype)
-    if node.op is BufferOps.STORE:
-      return KernelNode(node.op, srcs, (node.arg[0], node.arg[1].reshape(_split_shape(node.arg[1].shape, splits))), node.dtype)
-    return KernelNode(node.op, srcs, node.arg, node.dtype)
-
-  def load_panels(self, base: LazyBuffer, st: ShapeTracker, lane: int, reduce_axes: tuple[int, ...]) -> KernelNode:
-    """A LOAD of `base`'s panels for a kernel that reads base through `st`, whose lane axis is split
-    into (panels, P) at (lane, lane+1): the panels are base's elements in the order (other kept axes,
-    panel, reduce axes, P), so one tile row (P lanes) at consecutive reduce steps is one stream."""
-    shape, strides = st.shape, st.views[0].strides
-    # the broadcast axes (stride 0) are not materialized: the panels hold each element once
-    kept = st.shrink(tuple((0, 1) if stride == 0 else (0, s) for s, stride in zip(shape, strides)))
-    outer = [a for a in range(len(shape)) if a not in reduce_axes and a not in (lane, lane + 1)]
-    order = tuple(outer + [lane] + list(reduce_axes) + [lane + 1])
-    key = (base, kept)
-    if key not in self.scheduler.packed:
-      self.scheduler.packed[key] = LazyBuffer(base.device, kept, base.dtype, base=base).permute(order).contiguous()
-    # base itself (reshaped) when it already holds its elements in panel order: then nothing is copied
-    panels = self.scheduler.packed[key]
-    inverse = tuple(order.index(a) for a in range(len(order)))
-    return self.load(panels.base, ShapeTracker.from_shape(panels.shape).permute(inverse).expand(shape))
+    packed = self.scheduler.packed
+    def relink(load: KernelNode, st: ShapeTracker, panels: Panels | None) -> KernelNode:
+      base = old_inputs[load.arg[0] - 1]
+      if panels is None: return self.load(base, st)
+      key = (base, panels.kept)
+      if key not in packed:
+        packed[key] = LazyBuffer(base.device, panels.kept, base.dtype, base=base).permute(panels.order).contiguous()
+      # base itself (reshaped) when it already holds its elements in panel order: then nothing is copied
+      return self.load(packed[key].base, panels.view)
+    return split_lanes(ast, plan, relink)
 
   def gather_node(self, out: LazyBuffer) -> KernelNode:
     """The GATHER leaf of `out`'s kernel: the index read over out's shape (broadcast along the row),
@@ -432,22 +389,20 @@ class _KernelBuilder:
     return self.built[key]
 
   def _build(self, lb: LazyBuffer, outer: ShapeTracker | None) -> KernelNode:
+    """The read rules of the module docstring, in order."""
     st = lb.st if outer is None else lb.st + outer
     base = lb.base
-    if base.realized is None and base.op is LoadOps.CONST:
+    if base.realized is None and base.op is LoadOps.CONST:   # constant
       return KernelNode(BufferOps.CONST, (), (base.arg, st), base.dtype)
-    if self.scheduler.must_realize(base): return self.load(base, st)
-    if isinstance(base.op, ReduceOps):
+    if self.scheduler.must_realize(base): return self.load(base, st)   # load
+    if isinstance(base.op, ReduceOps):   # fused_reduce
       if self.fused_reduce is None and (_plain(st, base) or (base is self.row_reduce and self._row_view(st, base))):
         self.fused_reduce = base
         return self.reduce_node(base)
       return self.force_load(base, st)
-    # padding reads zeros, which the inlined op may not map to zero; an expanding read (a matmul
-    # operand) would recompute the op once per reuse: both read a realized buffer instead. Except
-    # the per-row value that leads to this kernel's row reduce (softmax's 1/sum): it is computed
-    # once per row, in registers
+    # pads_or_expands, except a row_value
     if (st.has_mask or prod(st.shape) > base.size) and not self._row_value(st, base): return self.force_load(base, st)
-    srcs = tuple(self.build(s, st) for s in base.srcs)
+    srcs = tuple(self.build(s, st) for s in base.srcs)   # inline
     if base.op is LoadOps.CONTIGUOUS: return srcs[0]
     return KernelNode(base.op, srcs, base.arg, base.dtype)
 
@@ -459,12 +414,6 @@ class _KernelBuilder:
     """`st` reads base (shaped like the row reduce's output) once per element of this kernel's rows."""
     return self.row_reduce is not None and base.shape == self.row_reduce.shape and \
       st == ShapeTracker.from_shape(base.shape).expand(self.output.shape)
-
-
-# a row reduce (see row_reduce_of) needs a row that stays in L1/L2 between its two passes, and
-# enough rows for every thread
-ROW_REDUCE_MAX_ELEMENTS = 8192
-ROW_REDUCE_MIN_ROWS = 16
 
 
 def _row_reduce_fits(reduce: LazyBuffer, shape: tuple[int, ...]) -> bool:
@@ -479,57 +428,12 @@ def _plain(st: ShapeTracker, base: LazyBuffer) -> bool:
   return st.contiguous and prod(st.shape) == base.size
 
 
-def _lane_to_pack(load: KernelNode, reduce_axes: tuple[int, ...], full: tuple[int, ...], panel: int,
-                  store: KernelNode, loads: list[KernelNode]) -> int | None:
-  """The lane axis (a multiple of `panel` long) along which `load` should be packed into panels, or
-  None. Packing needs one plain view that is reused (stride 0 along other output axes, for at least
-  PACK_MIN_REUSE points, TRANSPOSED_PACK_MIN_REUSE for a transposed operand) and either
-  steps far along a reduce axis while it runs along the lane axis (B in a matmul too big to stage in
-  the kernel), or is transposed: it runs along a reduce axis and along no output axis (the weight of
-  x @ weight.T, a Linear layer). A transposed operand would make the kernel take its SIMD lanes along
-  the reduce, as dot products (10 loads per 16 multiply-adds, and a horizontal sum per output: 1024 x
-  256 @ 256 x 1024 at 120 GFLOP/s on 2 threads); its panels put the lanes along the output axis the
-  store writes in order, which gets the matmul's register tile (340 GFLOP/s, the pack included),
-  provided the kernel's other loads allow lanes there too (codegen/opt.py's vector axis)."""
-  st = load.arg[1]
-  if len(st.views) != 1 or st.views[0].mask is not None: return None
-  strides, itemsize = st.views[0].strides, load.dtype.itemsize
-  reuse = prod(s for a, s in enumerate(full) if a not in reduce_axes and strides[a] == 0)
-  if reuse < PACK_MIN_REUSE: return None
-  lanes = [a for a, s in enumerate(full) if a not in reduce_axes and s % panel == 0]
-  if any(strides[a] == 1 for a in range(len(full)) if a not in reduce_axes):
-    if not any(abs(strides[a]) * itemsize >= PACK_MIN_STRIDE_BYTES for a in reduce_axes): return None
-    if prod(full[a] for a in reduce_axes) * panel * itemsize <= STAGE_MAX_BYTES: return None   # staged in the kernel
-    return next((a for a in lanes if strides[a] == 1), None)
-  if reuse < TRANSPOSED_PACK_MIN_REUSE or not any(strides[a] == 1 for a in reduce_axes): return None
-  def lanes_fit(a: int) -> bool:
-    """The store writes consecutive elements along a, and every other load one or consecutive ones."""
-    if store.arg[1].views[-1].strides[a] != 1: return False
-    return all(len(n.arg[1].views) == 1 and n.arg[1].views[0].strides[a] in (0, 1) for n in loads if n is not load)
-  return next((a for a in lanes if strides[a] != 0 and lanes_fit(a)), None)
-
-
-def _split_axis(axis: int, splits: dict[int, int]) -> int:
-  """Where `axis` lands once every axis in `splits` is split in two."""
-  return axis + sum(1 for a in splits if a < axis)
-
-
-def _split_shape(shape: tuple[int, ...], splits: dict[int, int]) -> tuple[int, ...]:
-  """`shape` with each axis a in `splits` split into (shape[a] // P, P)."""
-  out: list[int] = []
-  for a, s in enumerate(shape): out += [s // splits[a], splits[a]] if a in splits else [s]
-  return tuple(out)
-
-
-def _reshape_outside_reduce(node: KernelNode, shape: tuple[int, ...], done: dict[KernelNode, KernelNode]) -> KernelNode:
-  """`node`'s part after the reduce, over `shape`; `done` memoizes (a subtree read twice is rebuilt once)."""
-  if isinstance(node.op, ReduceOps): return node
-  if node not in done:
-    if node.op in (BufferOps.LOAD, BufferOps.CONST):
-      done[node] = KernelNode(node.op, (), (node.arg[0], node.arg[1].reshape(shape)), node.dtype)
-    else:
-      done[node] = KernelNode(node.op, tuple(_reshape_outside_reduce(s, shape, done) for s in node.srcs), node.arg, node.dtype)
-  return done[node]
+def _reshape_outside_reduce(ast: KernelNode, shape: tuple[int, ...]) -> KernelNode:
+  """`ast`'s part after the reduce, over `shape` (the reduce and what it reads stay as they are)."""
+  def reshaped(node: KernelNode, srcs: tuple[KernelNode, ...]) -> KernelNode:
+    if node.op in (BufferOps.LOAD, BufferOps.CONST): return rebuild(node, srcs, (node.arg[0], node.arg[1].reshape(shape)))
+    return rebuild(node, srcs)
+  return rewrite(ast, reshaped, keep=lambda node: isinstance(node.op, ReduceOps))
 
 
 def create_schedule(outs: list[LazyBuffer]) -> list[ScheduleItem]:

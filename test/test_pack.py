@@ -1,0 +1,66 @@
+"""Layout packing decided over kernel trees (codegen/pack.py).
+
+in: the unpacked kernel trees of matmuls (scheduled with NOOPT=1, which packs nothing)
+out: pass when pack_plan picks exactly the operands the rules name (a strided B too big to stage, a
+     transposed weight read by enough rows) with their lane axis, and split_lanes hands each load its
+     view over the split shape and, for a packed one, panels in (panel, reduce, lane) order.
+"""
+from tinychad import Tensor
+from tinychad.codegen.opt import STAGE_MAX_BYTES, panel_width
+from tinychad.codegen.pack import PACK_MIN_STRIDE_BYTES, TRANSPOSED_PACK_MIN_REUSE, pack_plan, split_lanes
+from tinychad.dtype import dtypes
+from tinychad.engine.schedule import create_schedule
+from tinychad.ops import BufferOps, KernelNode
+
+P = panel_width(dtypes.float32)
+
+
+def _unpacked_kernel(out: Tensor, monkeypatch) -> tuple[KernelNode, tuple]:
+  monkeypatch.setenv("NOOPT", "1")
+  (item,) = [it for it in create_schedule([out.lazydata]) if it.is_kernel]
+  return item.ast, item.inputs
+
+
+def _planned(ast: KernelNode, inputs: tuple) -> dict:
+  """{input buffer: lane axis} of the loads pack_plan picks."""
+  return {inputs[load.arg[0] - 1]: lane for load, lane in pack_plan(ast).items()}
+
+
+def test_strided_operand_too_big_to_stage_is_packed(monkeypatch):
+  m, k, n = 32, STAGE_MAX_BYTES // (4 * P) + 16, PACK_MIN_STRIDE_BYTES // 4
+  a, b = Tensor.rand(m, k).realize(), Tensor.rand(k, n).realize()
+  ast, inputs = _unpacked_kernel(a @ b, monkeypatch)
+  # the matmul runs over (m, n, k) as (m, 1, k) x (1, k, n) viewed: the lane axis is n's
+  assert _planned(ast, inputs) == {b.lazydata.base: 1}
+  # small enough to stage in the kernel: nothing to pack
+  small = Tensor.rand(64, n).realize()
+  assert _planned(*_unpacked_kernel(a[:, :64] @ small, monkeypatch)) == {}
+
+
+def test_transposed_operand_is_packed_from_enough_rows(monkeypatch):
+  k, n = 64, 2 * P
+  w = Tensor.rand(n, k).realize()
+  many, few = Tensor.rand(TRANSPOSED_PACK_MIN_REUSE, k).realize(), Tensor.rand(TRANSPOSED_PACK_MIN_REUSE // 2, k).realize()
+  assert _planned(*_unpacked_kernel(many @ w.T, monkeypatch)) == {w.lazydata.base: 1}
+  assert _planned(*_unpacked_kernel(few @ w.T, monkeypatch)) == {}
+
+
+def test_split_lanes_hands_each_load_its_split_view(monkeypatch):
+  m, k, n = TRANSPOSED_PACK_MIN_REUSE, 64, 2 * P
+  x, w = Tensor.rand(m, k).realize(), Tensor.rand(n, k).realize()
+  ast, inputs = _unpacked_kernel(x @ w.T, monkeypatch)
+  plan = pack_plan(ast)
+  seen = []
+
+  def relink(load, st, panels):
+    seen.append((inputs[load.arg[0] - 1], st.shape, panels))
+    return KernelNode(BufferOps.LOAD, (), (load.arg[0], st if panels is None else panels.view), load.dtype)
+  split = split_lanes(ast, plan, relink)
+  assert split.arg[1].shape == (m, n // P, P, 1)   # the store: lane axis n split into (panels, P)
+  assert {buf for buf, _, _ in seen} == {x.lazydata.base, w.lazydata.base}
+  for buf, shape, panels in seen:
+    assert shape == (m, n // P, P, k)
+    assert (panels is not None) == (buf is w.lazydata.base)
+  (panels,) = [p for _, _, p in seen if p is not None]
+  # w's elements in (panel, reduce, lane) order, its broadcast row axis kept once
+  assert panels.order == (0, 1, 3, 2) and panels.kept.shape == (1, n // P, P, k)
