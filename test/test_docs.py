@@ -3,6 +3,7 @@ computes the same gradients as tinychad on the same MLP, its training loss falls
 is what docs/make_pipeline.py writes from a real run today."""
 from __future__ import annotations
 import pathlib
+import re
 import subprocess
 import sys
 import numpy as np
@@ -56,3 +57,15 @@ def test_scalar_engine_rules_one_by_one():
 def test_micrograd_example_loss_falls():
   losses = micrograd.train(steps=25, verbose=False)
   assert losses[-1] < 0.8 * losses[0], losses
+
+
+def test_from_micrograd_snippets_run(capsys):
+  """Every ```python block of docs/from-micrograd.md, in order, in one namespace, as a reader would paste them."""
+  text = (ROOT / "docs" / "from-micrograd.md").read_text()
+  blocks = re.findall(r"```python\n(.*?)```", text, re.S)
+  assert len(blocks) >= 5
+  namespace: dict = {}
+  for number, block in enumerate(blocks):
+    exec(compile(block, f"docs/from-micrograd.md block {number}", "exec"), namespace)
+  out = capsys.readouterr().out
+  assert out.count("5.5 [1.0, -2.0, 3.0]") == 2 and "8.5" in out
