@@ -69,3 +69,10 @@ def test_from_micrograd_snippets_run(capsys):
     exec(compile(block, f"docs/from-micrograd.md block {number}", "exec"), namespace)
   out = capsys.readouterr().out
   assert out.count("5.5 [1.0, -2.0, 3.0]") == 2 and "8.5" in out
+
+
+@pytest.mark.skipif(not Device.available("CPU"), reason="docs/pipeline.md follows a kernel to C: needs the CPU device")
+def test_pipeline_page_is_current():
+  script = ROOT / "docs" / "make_pipeline.py"
+  res = subprocess.run([sys.executable, str(script), "--check"], capture_output=True, text=True)
+  assert res.returncode == 0, res.stdout + res.stderr

@@ -164,7 +164,8 @@ def test_no_two_modules_import_each_other():
 def test_every_module_has_a_docstring():
   missing = [_rel(path) for path in module_files().values() if not ast.get_docstring(ast.parse(path.read_text()))]
   if missing:
-    pytest.fail("modules without a module docstring (what comes in, what goes out):\n  " + "\n  ".join(missing), pytrace=False)
+    pytest.fail("modules without a module docstring (what comes in, what goes out):\n  " + "\n  ".join(missing),
+                pytrace=False)
 
 
 def test_the_checker_sees_every_kind_of_import():
