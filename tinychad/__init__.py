@@ -8,7 +8,8 @@ Start reading at docs/from-micrograd.md, then tensor.py.
 Layers, lowest first. Data flows down the pipeline; a module imports only modules of its own layer or
 lower ones (at module level or inside functions), so each layer can be read, tested and replaced
 knowing only what is below it. test/test_layers.py holds the same order and enforces it.
-  0 helpers, dtype, ops      facts every layer shares: flags, counters, dtypes, the primitive op set
+  0 helpers, dtype, ops,     facts every layer shares: flags, counters, dtypes, the primitive op set,
+    host                     the host CPU's SIMD width
   1 view                     shapes, strides, masks: how a buffer is read, no data
   2 codegen/*                a kernel tree in, linear IR out: pure compilation, knows no device
   3 renderer/*               linear IR in, C or LLVM IR text out: one file per language
@@ -18,9 +19,10 @@ knowing only what is below it. test/test_layers.py holds the same order and enfo
   7 function                 autograd: each primitive's forward and backward, on LazyBuffers
   8 tensor, indexing,        the front end users call; indexing and nn/functional define some of Tensor's
     nn/functional            methods, so they and tensor.py import each other (the only such pairs)
-  9 nn, optim, data,         libraries written with Tensor (layers, optimizers, state dicts, data sets),
-    datasets, compat,        the runnable examples and this package's names: they use the front end,
-    examples/*, __init__     nothing below it needs them
+  9 nn/* (but functional),   libraries written with Tensor (layers, optimizers, state dicts, data sets),
+    optim, data, datasets,   the runnable examples and this package's names: they use the front end,
+    compat, examples/*,      nothing below them needs them
+    __init__
 """
 from tinychad.tensor import Tensor, no_grad
 from tinychad.dtype import dtypes, DType
