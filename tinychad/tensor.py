@@ -263,12 +263,18 @@ class Tensor:
     return order
 
   def backward(self, gradient: Tensor | None = None) -> Tensor:
-    """Accumulate d(self)/d(leaf) into each leaf's .grad (self must be a scalar unless `gradient` is given)."""
-    if gradient is None:
-      if self.numel() != 1: raise RuntimeError(f"backward: grad can be implicitly created only for scalar outputs, got shape {_shape_str(self.shape)}")
-      gradient = Tensor.ones(self.shape, dtype=self.dtype, device=self.device)
-    if self._ctx is None and not self.requires_grad:
-      raise RuntimeError("backward: this tensor does not require grad and has no graph (was it made under no_grad()?)")
+    """Accumulate d(self)/d(leaf) into each leaf's .grad whose requires_grad is not False.
+
+    requires_grad is tinygrad's tri-state: True (always gets a gradient), None (the default of Tensor(...): gets one
+    when this pass reaches it) or False (never: detach(), buffers, requires_grad=False, results made under no_grad()).
+    Without `gradient`, a non-scalar output is seeded with ones, i.e. backward() of self.sum(), as shrimpgrad and
+    tinygrad's early versions did (PyTorch raises): `x.dot(y).backward()` then gives x and y the gradients of the sum
+    of the product, the one reading of an unseeded backward that needs no choice from the user.
+    """
+    if gradient is None: gradient = Tensor.ones(self.shape, dtype=self.dtype, device=self.device)
+    if self._ctx is None and self.requires_grad is False:
+      raise RuntimeError("backward: this tensor does not require grad and has no graph (requires_grad=False, detached "
+                         "or made under no_grad())")
     if gradient.shape != self.shape: raise ValueError(f"backward: gradient shape {_shape_str(gradient.shape)} != tensor shape {_shape_str(self.shape)}")
     # each tensor's gradients from its users are collected, then added up (F.sum_gradients) when its turn comes
     grads: dict[int, list] = {id(self): [gradient.lazydata]}
@@ -454,8 +460,9 @@ class Tensor:
   def contiguous(self) -> Tensor: return F.Contiguous.apply(self)
 
   def cat(self, *others: Tensor, dim: int = 0) -> Tensor:
-    """Tensor.cat(a, b, dim=d), a.cat(b, dim=d) or PyTorch's Tensor.cat([a, b], dim=d)."""
-    if isinstance(self, (list, tuple)): self, others = self[0], tuple(self[1:]) + others
+    """Tensor.cat(a, b, dim=d), a.cat(b, dim=d) (tinygrad's forms) or PyTorch's Tensor.cat([a, b], d): every tensor
+    named is included, `self` too."""
+    self, others, dim = _joined(self, others, dim, "cat")
     tensors = (self,) + others
     dim = self._axis(dim, "cat")
     for t in others:
@@ -478,11 +485,12 @@ class Tensor:
       start += size
     return out
 
-  @staticmethod
-  def stack(*tensors, dim: int = 0) -> Tensor:
-    tensors = tensors[0] if len(tensors) == 1 and isinstance(tensors[0], (list, tuple)) else tensors
-    first = tensors[0]
-    for t in tensors[1:]:
+  def stack(self, *others: Tensor, dim: int = 0) -> Tensor:
+    """Tensor.stack(a, b, dim=d), a.stack(b, dim=d) (tinygrad's forms) or PyTorch's Tensor.stack([a, b], d): a method,
+    not a staticmethod, so that `a.stack(b)` includes `a`."""
+    first, others, dim = _joined(self, others, dim, "stack")
+    tensors = (first,) + others
+    for t in others:
       if t.shape != first.shape: raise ValueError(f"stack: all tensors need the same shape, got {[_shape_str(x.shape) for x in tensors]}")
     dim = first._axis(dim, "stack", first.ndim + 1)
     return Tensor.cat(*[t.unsqueeze(dim) for t in tensors], dim=dim)
@@ -504,6 +512,8 @@ class Tensor:
 
   def chunk(self, chunks: int, dim: int = 0) -> list[Tensor]:
     dim = self._axis(dim, "chunk")
+    if not isinstance(chunks, (int, np.integer)) or chunks <= 0:
+      raise ValueError(f"chunk: chunks must be a positive int, got {chunks!r} (tensor of shape {_shape_str(self.shape)})")
     return self.split(max(1, math.ceil(self.shape[dim] / chunks)), dim)
 
   # ---- indexing ----
@@ -1007,8 +1017,9 @@ class Tensor:
   matmul = dot
 
   def linear(self, weight: Tensor, bias: Tensor | None = None) -> Tensor:
-    """x @ weight.T + bias (PyTorch's layout: weight is (out, in))."""
-    out = self.matmul(weight.T)
+    """tinygrad's method: x @ weight + bias with weight (in, out), or x * weight for a 1-d weight, so tinygrad code
+    computes what it meant. PyTorch's layout (weight (out, in)) is nn.functional.linear, which nn.Linear uses."""
+    out = self * weight if weight.ndim == 1 else self.dot(weight)
     return out + bias if bias is not None else out
 
   @staticmethod
@@ -1033,9 +1044,11 @@ class Tensor:
     from tinychad.nn.functional import avg_pool
     return avg_pool(self, kernel_size, stride, padding, count_include_pad, 2)
 
-  def dropout(self, p: float = 0.5) -> Tensor:
+  def dropout(self, p: float = 0.5, training: bool | None = None) -> Tensor:
+    """Zero each element with probability p, scale the rest by 1/(1-p). training=None follows the global
+    Tensor.training (tinygrad's switch); nn.Dropout passes its module's own flag."""
     if not 0 <= p <= 1: raise ValueError(f"dropout: p must be in [0, 1], got {p}")
-    if not Tensor.training or p == 0: return self
+    if not (Tensor.training if training is None else training) or p == 0: return self
     if p == 1: return self * 0
     keep = Tensor.rand(self.shape, device=self.device) >= p
     return keep.where(self, 0) * (1 / (1 - p))
@@ -1127,6 +1140,18 @@ def _flatten_list(data) -> list:
     elif isinstance(item, Tensor): out.append(item.item())
     else: out.append(item.item() if isinstance(item, np.generic) else item)
   return out
+
+
+def _joined(first, others: tuple, dim, op: str) -> tuple[Tensor, tuple[Tensor, ...], int]:
+  """cat's and stack's arguments in all their forms -> (first tensor, the other tensors, dim): a list or tuple of
+  tensors as the first argument (PyTorch's form) may be followed by dim as a positional argument."""
+  if isinstance(first, (list, tuple)):
+    if len(others) == 1 and isinstance(others[0], (int, np.integer)): dim, others = others[0], ()
+    if not first: raise ValueError(f"{op}: expected a non-empty list of tensors")
+    first, others = first[0], tuple(first[1:]) + tuple(others)
+  for t in (first,) + others:
+    if not isinstance(t, Tensor): raise TypeError(f"{op}: expected tensors, got a {type(t).__name__}")
+  return first, others, dim
 
 
 def _check_shape(shape, op: str) -> None:

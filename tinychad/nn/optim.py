@@ -22,8 +22,10 @@ class Optimizer:
     self._lr = self._scalar(lr)
 
   def _scalar(self, value: float) -> Tensor:
-    """A 0-d float tensor in a buffer on the parameters' device (a buffer, not a constant: see the module doc)."""
-    return Tensor(np.array(value, dtype=np.float32), device=self.params[0].device)
+    """A 0-d float64 tensor in a buffer on the parameters' device (a buffer, not a constant: see the module doc).
+    float64 as Python's own float: a float64 parameter steps by exactly lr, and a 0-d tensor takes the dtype of the
+    parameter it multiplies (float32 for float32 parameters, rounded once, as PyTorch rounds its Python float lr)."""
+    return Tensor(np.array(value, dtype=np.float64), device=self.params[0].device, requires_grad=False)
 
   @property
   def lr(self) -> float: return float(self._lr.item())
