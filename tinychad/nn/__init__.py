@@ -360,3 +360,8 @@ class Sequential(Module, list):
   def forward(self, x: Tensor) -> Tensor:
     for layer in self: x = layer(x)
     return x
+
+
+from tinychad.nn.layers import (AdaptiveAvgPool2d, AvgPool2d, ConvTranspose1d, Flatten, GELU, Identity, LeakyReLU,  # noqa: E402
+                                LogSoftmax, MaxPool2d, PixelShuffle, ReLU, Sigmoid, SiLU, Softmax, Tanh,
+                                TransformerEncoder, TransformerEncoderLayer, Unflatten, Upsample)
