@@ -56,8 +56,11 @@ def _walk(obj: Any, name: str, owner: Any, attr: str | None, seen: set[int]) -> 
   seen.add(id(obj))
   # tensors in a list or dict belong to the object holding it; an object with attributes (or a Module list) owns its own
   if isinstance(obj, Module) or not isinstance(obj, (list, tuple, dict)): owner = obj
-  if isinstance(obj, Module) and isinstance(obj, (list, tuple, dict)) and vars(obj):
-    items += [(k, v, k) for k, v in vars(obj).items() if not k.startswith("_")]
+  if isinstance(obj, Module):
+    if isinstance(obj, (list, tuple, dict)): items += [(k, v, k) for k, v in vars(obj).items() if not k.startswith("_")]
+    # PyTorch's order: a module's own parameters, then its buffers, then its submodules
+    buffers = obj.__dict__.get("_buffers", {})
+    items.sort(key=lambda item: 2 if not isinstance(item[1], Tensor) else 1 if item[2] in buffers else 0)
   for key, value, attr_name in items:
     yield from _walk(value, f"{name}.{key}" if name else key, owner, attr_name, seen)
 
