@@ -856,3 +856,36 @@ def test_pixel_shuffle():
   from tinychad.nn import functional as F
   helper_test_op([(2, 8, 3, 5)], lambda x: TF.pixel_shuffle(x, 2), lambda x: F.pixel_shuffle(x, 2))
   helper_test_op([(9, 2, 2)], lambda x: TF.pixel_shuffle(x, 3), lambda x: F.pixel_shuffle(x, 3))
+
+
+# ---------------------------------------------------------------- issue 23: dim= and keepdim= beside axis=
+
+@pytest.mark.parametrize("name, fn", [
+  ("sum", lambda x: x.sum(dim=1, keepdim=True)), ("sum_tuple", lambda x: x.sum(dim=(0, 2))),
+  ("mean", lambda x: x.mean(dim=-1)), ("var", lambda x: x.var(dim=1, keepdim=True)), ("std", lambda x: x.std(dim=0)),
+  ("prod", lambda x: x.prod(dim=2)), ("logsumexp", lambda x: x.logsumexp(dim=1)),
+  ("softmax", lambda x: x.softmax(dim=0)), ("log_softmax", lambda x: x.log_softmax(dim=1)),
+  ("cumsum", lambda x: x.cumsum(dim=2)), ("amax", lambda x: x.amax(dim=1)), ("amin", lambda x: x.amin(dim=(0, 1), keepdim=True)),
+  ("max_values", lambda x: x.max(dim=1).values), ("min_values", lambda x: x.min(dim=2, keepdim=True).values),
+])
+def test_dim_keyword(name, fn):
+  helper_test_op([(3, 4, 5)], fn, atol=1e-5, grad_atol=1e-4)
+
+
+def test_dim_keyword_without_gradient():
+  for fn in (lambda x: x.argmax(dim=1), lambda x: x.argmin(dim=0, keepdim=True), lambda x: (x > 0).any(dim=1),
+             lambda x: (x > 0).all(dim=0), lambda x: x.max(dim=1).indices, lambda x: x.min(dim=-1, keepdim=True).indices):
+    helper_test_op([(3, 4, 5)], fn, grad=False)
+
+
+def test_max_dim_returns_values_and_indices_axis_returns_values():
+  """PyTorch's keyword dim= gives (values, indices); tinygrad's axis= (or a positional axis) gives the values."""
+  x = Tensor([[1.0, 5.0, 5.0], [7.0, 2.0, 0.0]])
+  values, indices = x.max(dim=1)
+  np.testing.assert_array_equal(values.numpy(), [5.0, 7.0])
+  np.testing.assert_array_equal(indices.numpy(), [1, 0])   # the first maximum, as PyTorch
+  assert x.max(dim=1, keepdim=True).values.shape == (2, 1)
+  assert isinstance(x.max(axis=1), Tensor) and isinstance(x.max(1), Tensor) and isinstance(x.max(), Tensor)
+  values, indices = Tensor.min(x, dim=0)
+  np.testing.assert_array_equal(values.numpy(), [1.0, 2.0, 0.0])
+  np.testing.assert_array_equal(indices.numpy(), [0, 1, 1])

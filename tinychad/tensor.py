@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import math
 from contextlib import ContextDecorator
+from typing import NamedTuple
 import numpy as np
 from tinychad import function as F
 from tinychad.device import Device
@@ -847,46 +848,56 @@ class Tensor:
     kept = tuple(s for i, s in enumerate(self.shape) if i not in axes)
     return out if kept == out.shape else F.Reshape.apply(out, shape=kept)
 
-  def sum(self, axis=None, keepdim: bool = False, dtype=None) -> Tensor:
+  def sum(self, axis=None, keepdim: bool = False, dtype=None, dim=None) -> Tensor:
+    if dim is not None: axis = dim
     x = self
     if dtype is not None: x = x.cast(dtype)
     elif not x.dtype.is_float: x = x.cast(dtypes.int64)
     return x._reduce(lambda t, axes: F.Sum.apply(t, axis=axes), axis, keepdim, "sum")
 
-  def max(self, axis=None, keepdim: bool = False) -> Tensor:
+  def max(self, axis=None, keepdim: bool = False, dim=None):
+    """The maximum over axis (tinygrad's form, positional or axis=: the values). With dim= (PyTorch's keyword) the
+    result is PyTorch's (values, indices) named tuple: the keyword says which framework's habit the caller has."""
+    if dim is not None: return ValuesIndices(self.max(dim, keepdim), self.argmax(dim, keepdim))
     if axis is None and self.numel() == 0: raise ValueError("max: empty tensor with no axis to reduce over")
     for a in self._axes(axis, "max"):
       if self.ndim and self.shape[a] == 0: raise ValueError(f"max: cannot reduce over dim {a} of size 0 (shape {_shape_str(self.shape)})")
     return self._reduce(lambda t, axes: F.Max.apply(t, axis=axes), axis, keepdim, "max")
 
-  def min(self, axis=None, keepdim: bool = False) -> Tensor:
+  def min(self, axis=None, keepdim: bool = False, dim=None):
+    """As max: the values, or (values, indices) with dim=."""
+    if dim is not None: return ValuesIndices(self.min(dim, keepdim), self.argmin(dim, keepdim))
     if self.dtype == dtypes.bool: return self.logical_not().max(axis, keepdim).logical_not()
     if self.dtype.is_unsigned:
       top = np.iinfo(self.dtype.np).max
       return top - (top - self).max(axis, keepdim)
     return -((-self).max(axis, keepdim))
 
-  def mean(self, axis=None, keepdim: bool = False, dtype=None) -> Tensor:
+  def mean(self, axis=None, keepdim: bool = False, dtype=None, dim=None) -> Tensor:
+    if dim is not None: axis = dim
     x = self.cast(dtype) if dtype is not None else self._float()
     total = x.sum(axis, keepdim)
     count = prod(s for i, s in enumerate(self.shape) if i in self._axes(axis, "mean"))
     return total / count if count else total * math.nan
 
-  def var(self, axis=None, keepdim: bool = False, correction: int = 1, unbiased: bool | None = None) -> Tensor:
+  def var(self, axis=None, keepdim: bool = False, correction: int = 1, unbiased: bool | None = None, dim=None) -> Tensor:
+    if dim is not None: axis = dim
     if unbiased is not None: correction = int(unbiased)
     x = self._float()
     centered = x - x.mean(axis, keepdim=True)
     count = prod(s for i, s in enumerate(self.shape) if i in self._axes(axis, "var"))
     return (centered * centered).sum(axis, keepdim) / max(0, count - correction)
 
-  def std(self, axis=None, keepdim: bool = False, correction: int = 1, unbiased: bool | None = None) -> Tensor:
+  def std(self, axis=None, keepdim: bool = False, correction: int = 1, unbiased: bool | None = None, dim=None) -> Tensor:
+    if dim is not None: axis = dim
     variance = self.var(axis, keepdim, correction, unbiased)
     # where the variance is 0 (constant input) PyTorch's gradient is 0, not 0 * inf = nan
     is_zero = (variance == 0).detach()
     return is_zero.where(0.0, is_zero.where(1.0, variance).sqrt())
 
-  def prod(self, axis=None, keepdim: bool = False) -> Tensor:
+  def prod(self, axis=None, keepdim: bool = False, dim=None) -> Tensor:
     """Product as exp(sum(log|x|)) with the sign and zeros tracked separately (differentiable)."""
+    if dim is not None: axis = dim
     x = self if self.dtype.is_float else self.cast(dtypes.int64)
     if not x.dtype.is_float:
       return x._prod_int(axis, keepdim)
@@ -907,7 +918,8 @@ class Tensor:
     if keepdim: return x
     return x.reshape(tuple(s for i, s in enumerate(self.shape) if i not in axes))
 
-  def logsumexp(self, axis=None, keepdim: bool = False) -> Tensor:
+  def logsumexp(self, axis=None, keepdim: bool = False, dim=None) -> Tensor:
+    if dim is not None: axis = dim
     x = self._float()
     axes = self._axes(axis, "logsumexp")
     if self.ndim and any(self.shape[a] == 0 for a in axes):
@@ -922,7 +934,8 @@ class Tensor:
   def _squeeze_axes(self, axes: tuple[int, ...]) -> Tensor:
     return self.reshape(tuple(s for i, s in enumerate(self.shape) if i not in axes))
 
-  def softmax(self, axis: int = -1, dtype=None) -> Tensor:
+  def softmax(self, axis: int = -1, dtype=None, dim: int | None = None) -> Tensor:
+    if dim is not None: axis = dim
     x = self.cast(dtype) if dtype is not None else self._float()
     shifted = x - x.max(axis, keepdim=True).detach()
     e = shifted.exp()
@@ -930,14 +943,16 @@ class Tensor:
     # softmax does: a vector division costs 10-16x a multiply
     return e * e.sum(axis, keepdim=True).reciprocal()
 
-  def log_softmax(self, axis: int = -1, dtype=None) -> Tensor:
+  def log_softmax(self, axis: int = -1, dtype=None, dim: int | None = None) -> Tensor:
+    if dim is not None: axis = dim
     x = self.cast(dtype) if dtype is not None else self._float()
     shifted = x - x.max(axis, keepdim=True).detach()
     return shifted - shifted.exp().sum(axis, keepdim=True).log()
   logsoftmax = log_softmax
 
-  def argmax(self, axis: int | None = None, keepdim: bool = False) -> Tensor:
+  def argmax(self, axis: int | None = None, keepdim: bool = False, dim: int | None = None) -> Tensor:
     """Index of the first maximum (as PyTorch), found with a max over reversed positions."""
+    if dim is not None: axis = dim
     if axis is None: return self.flatten().argmax(0)
     axis = self._axis(axis, "argmax")
     if self.ndim == 0: return Tensor.zeros((), dtype=dtypes.int64, device=self.device)
@@ -947,11 +962,13 @@ class Tensor:
     first = (is_max * countdown).max(axis, keepdim)
     return (size - first).cast(dtypes.int64)
 
-  def argmin(self, axis: int | None = None, keepdim: bool = False) -> Tensor:
+  def argmin(self, axis: int | None = None, keepdim: bool = False, dim: int | None = None) -> Tensor:
+    if dim is not None: axis = dim
     if self.dtype == dtypes.bool: return self.logical_not().argmax(axis, keepdim)
     return (-self if not self.dtype.is_unsigned else (np.iinfo(self.dtype.np).max - self)).argmax(axis, keepdim)
 
-  def cumsum(self, axis: int = 0) -> Tensor:
+  def cumsum(self, axis: int = 0, dim: int | None = None) -> Tensor:
+    if dim is not None: axis = dim
     axis = self._axis(axis, "cumsum")
     x = self.transpose(axis, -1) if self.ndim else self.reshape(1)
     out = x._running_sum()
@@ -986,8 +1003,12 @@ class Tensor:
   def tril(self, diagonal: int = 0) -> Tensor: return self._triangle_mask(diagonal, True).where(self, 0).cast(self.dtype)
   def triu(self, diagonal: int = 0) -> Tensor: return self._triangle_mask(diagonal, False).where(self, 0).cast(self.dtype)
 
-  def any(self, axis=None, keepdim: bool = False) -> Tensor: return self.bool().sum(axis, keepdim) > 0
-  def all(self, axis=None, keepdim: bool = False) -> Tensor: return self.bool().logical_not().any(axis, keepdim).logical_not()
+  def any(self, axis=None, keepdim: bool = False, dim=None) -> Tensor:
+    return self.bool().sum(axis if dim is None else dim, keepdim) > 0
+  def all(self, axis=None, keepdim: bool = False, dim=None) -> Tensor:
+    return self.bool().logical_not().any(axis if dim is None else dim, keepdim).logical_not()
+  def amax(self, dim=None, keepdim: bool = False) -> Tensor: return self.max(dim, keepdim)
+  def amin(self, dim=None, keepdim: bool = False) -> Tensor: return self.min(dim, keepdim)
 
   # ---- matmul family ----
   def dot(self, w: Tensor) -> Tensor:
@@ -1188,6 +1209,12 @@ def _pad_pairs(padding, ndim: int, shape) -> tuple[tuple[int, int], ...]:
   for i in range(len(padding) // 2):
     pairs[ndim - 1 - i] = (int(padding[2 * i]), int(padding[2 * i + 1]))
   return tuple(pairs)
+
+
+class ValuesIndices(NamedTuple):
+  """PyTorch's result of max/min(dim=...): `values, indices = x.max(dim=1)` or `x.max(dim=1).values`."""
+  values: Tensor
+  indices: Tensor
 
 
 class no_grad(ContextDecorator):
