@@ -211,3 +211,49 @@ def test_buffers_and_plain_tensor_attributes_are_never_trained():
   np.testing.assert_array_equal(model.mask.numpy(), mask)
   np.testing.assert_array_equal(model.cache.numpy(), np.zeros(4))
   assert model.mask.grad is None and model.cache.grad is None
+
+
+def test_param_groups_match_torch():
+  """nanoGPT's split: weights decay, biases don't, each group with its own lr; plus a scheduler over both groups."""
+  def groups(w, b): return [{"params": [w], "weight_decay": 0.1}, {"params": [b], "weight_decay": 0.0, "lr": 0.01}]
+  for ours, theirs, kwargs in [(AdamW, torch.optim.AdamW, {"lr": 0.05, "betas": (0.8, 0.9)}),
+                               (SGD, torch.optim.SGD, {"lr": 0.05, "momentum": 0.9}),
+                               (RMSprop, torch.optim.RMSprop, {"lr": 0.05})]:
+    got = run_ours(lambda p: ours(groups(*p), **kwargs))
+    want = run_torch(lambda p: theirs(groups(*p), **kwargs))
+    for a, b in zip(got, want): np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5, err_msg=ours.__name__)
+  with pytest.raises(ValueError, match="unknown settings"): SGD([{"params": [Tensor.ones(1)], "betas": (0.9, 0.9)}])
+  with pytest.raises(ValueError, match="twice"):
+    w = Tensor.ones(1, requires_grad=True)
+    SGD([{"params": [w]}, {"params": [w]}])
+
+
+def test_group_lr_edit_and_scheduler_keep_ratios():
+  w, b = Tensor(W0, requires_grad=True), Tensor(B0, requires_grad=True)
+  opt = SGD([{"params": [w]}, {"params": [b], "lr": 0.01}], lr=0.1)
+  StepLR(opt, step_size=1, gamma=0.5).step()
+  assert [g["lr"] for g in opt.param_groups] == [0.05, 0.005]
+  opt.param_groups[1]["lr"] = 1.0   # PyTorch's habit: takes effect at the next step
+  b0 = b.numpy().copy()
+  b.sum().backward()
+  opt.step()
+  np.testing.assert_allclose(b.numpy(), b0 - 1.0, rtol=1e-6)
+
+
+def test_optimizer_state_dict_resumes():
+  def train(opt, w, b, steps):
+    for _ in range(steps):
+      opt.zero_grad()
+      ((Tensor(X) @ w + b).tanh().square().sum()).backward()
+      opt.step()
+  w, b = Tensor(W0, requires_grad=True), Tensor(B0, requires_grad=True)
+  opt = Adam([w, b], lr=0.05)
+  train(opt, w, b, 3)
+  saved, w_saved, b_saved = opt.state_dict(), w.numpy().copy(), b.numpy().copy()
+  train(opt, w, b, 2)
+  w2, b2 = Tensor(w_saved, requires_grad=True), Tensor(b_saved, requires_grad=True)
+  resumed = Adam([w2, b2], lr=0.05)
+  resumed.load_state_dict(saved)
+  train(resumed, w2, b2, 2)
+  np.testing.assert_allclose(w2.numpy(), w.numpy(), rtol=1e-6, atol=1e-7)
+  np.testing.assert_allclose(b2.numpy(), b.numpy(), rtol=1e-6, atol=1e-7)
