@@ -889,3 +889,10 @@ def test_max_dim_returns_values_and_indices_axis_returns_values():
   values, indices = Tensor.min(x, dim=0)
   np.testing.assert_array_equal(values.numpy(), [1.0, 2.0, 0.0])
   np.testing.assert_array_equal(indices.numpy(), [0, 1, 1])
+
+
+def test_max_dim_gradient_goes_to_the_index_among_ties():
+  """PyTorch's max(dim=) sends the gradient to the returned index only; max() / amax share it among ties."""
+  helper_test_op([np.array([[1.0, 3.0, 3.0], [2.0, 2.0, 0.0]], dtype=np.float32)], lambda x: x.max(dim=1).values)
+  helper_test_op([np.array([[1.0, 3.0, 3.0], [2.0, 2.0, 0.0]], dtype=np.float32)], lambda x: x.min(dim=0, keepdim=True).values)
+  helper_test_op([np.array([[1.0, 3.0, 3.0], [2.0, 2.0, 0.0]], dtype=np.float32)], lambda x: x.amax(dim=1))

@@ -858,7 +858,7 @@ class Tensor:
   def max(self, axis=None, keepdim: bool = False, dim=None):
     """The maximum over axis (tinygrad's form, positional or axis=: the values). With dim= (PyTorch's keyword) the
     result is PyTorch's (values, indices) named tuple: the keyword says which framework's habit the caller has."""
-    if dim is not None: return ValuesIndices(self.max(dim, keepdim), self.argmax(dim, keepdim))
+    if dim is not None: return self._values_indices(self.argmax(dim, keepdim=True), dim, keepdim)
     if axis is None and self.numel() == 0: raise ValueError("max: empty tensor with no axis to reduce over")
     for a in self._axes(axis, "max"):
       if self.ndim and self.shape[a] == 0: raise ValueError(f"max: cannot reduce over dim {a} of size 0 (shape {_shape_str(self.shape)})")
@@ -866,12 +866,19 @@ class Tensor:
 
   def min(self, axis=None, keepdim: bool = False, dim=None):
     """As max: the values, or (values, indices) with dim=."""
-    if dim is not None: return ValuesIndices(self.min(dim, keepdim), self.argmin(dim, keepdim))
+    if dim is not None: return self._values_indices(self.argmin(dim, keepdim=True), dim, keepdim)
     if self.dtype == dtypes.bool: return self.logical_not().max(axis, keepdim).logical_not()
     if self.dtype.is_unsigned:
       top = np.iinfo(self.dtype.np).max
       return top - (top - self).max(axis, keepdim)
     return -((-self).max(axis, keepdim))
+
+  def _values_indices(self, indices: Tensor, dim: int, keepdim: bool) -> ValuesIndices:
+    """The values picked by indices (kept dim): gathered, so that, as in PyTorch, among tied maxima only the one at
+    the index gets the gradient (max() without dim shares it among them, as PyTorch's amax does)."""
+    if self.ndim == 0: return ValuesIndices(self, indices.reshape(()))
+    values = self.gather(dim, indices)
+    return ValuesIndices(values, indices) if keepdim else ValuesIndices(values.squeeze(dim), indices.squeeze(dim))
 
   def mean(self, axis=None, keepdim: bool = False, dtype=None, dim=None) -> Tensor:
     if dim is not None: axis = dim
