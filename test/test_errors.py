@@ -148,3 +148,28 @@ def test_resize_and_shuffle_errors():
   with raises(ValueError, "interpolate", "size", "0"): F.interpolate(x, size=(0, 2))
   with raises(ValueError, "interpolate", "scale_factor"): F.interpolate(x, scale_factor=-1.0)
   with raises(ValueError, "adaptive_avg_pool2d", "output_size"): F.adaptive_avg_pool2d(x, 0)
+
+
+def test_negative_sizes_and_layer_sizes():
+  from tinychad import nn
+  with raises(ValueError, "repeat", "-1"): Tensor.ones(2).repeat(-1)
+  with raises(ValueError, "expand", "(-2,)"): Tensor.ones(1).expand(-2)
+  with raises(ValueError, "uniform", "-1"): Tensor.uniform(-1, 3)
+  with raises(ValueError, "normal", "-3"): Tensor.normal(2, -3)
+  with raises(ValueError, "randint", "-1"): Tensor.randint(0, 5, size=(-1,))
+  with raises(ValueError, "eye", "-1"): Tensor.eye(-1)
+  with raises(ValueError, "linspace", "-1"): Tensor.linspace(0, 1, -1)
+  with raises(ValueError, "Linear", "in_features", "-1"): nn.Linear(-1, 3)
+  with raises(ValueError, "Conv2d", "in_channels", "0"): nn.Conv2d(0, 3, 3)
+  with raises(ValueError, "Conv2d", "kernel_size", "0"): nn.Conv2d(2, 3, 0)
+  with raises(ValueError, "Conv1d", "groups", "0"): nn.Conv1d(2, 2, 3, groups=0)
+  with raises(ValueError, "GroupNorm", "num_groups", "0"): nn.GroupNorm(0, 4)
+  with raises(ValueError, "MultiheadAttention", "num_heads", "0"): nn.MultiheadAttention(4, 0)
+
+
+def test_pool_padding_over_half_the_kernel():
+  x = Tensor.ones(1, 1, 4, 4)
+  # a window wholly in the padding would give -inf (max) or 0 (avg): PyTorch refuses, so do we
+  with raises(ValueError, "max_pool2d", "padding", "half"): x.max_pool2d(2, padding=3)
+  with raises(ValueError, "avg_pool2d", "padding", "half"): x.avg_pool2d(2, padding=2)
+  assert x.max_pool2d(3, stride=1, padding=1).shape == (1, 1, 4, 4)

@@ -186,11 +186,13 @@ class Tensor:
 
   @staticmethod
   def linspace(start: float, stop: float, steps: int, dtype=None, device=None, requires_grad=None) -> Tensor:
+    if steps < 0: raise ValueError(f"linspace: steps must not be negative, got {steps}")
     dtype = dtypes.from_any(dtype) if dtype is not None else dtypes.default_float
     return Tensor(np.linspace(start, stop, steps).astype(dtype.np), device=device, requires_grad=requires_grad)
 
   @staticmethod
   def eye(n: int, m: int | None = None, dtype=None, device=None, requires_grad=None) -> Tensor:
+    _check_shape((n,) if m is None else (n, m), "eye")
     dtype = dtypes.from_any(dtype) if dtype is not None else dtypes.default_float
     return Tensor(np.eye(n, m, dtype=dtype.np), device=device, requires_grad=requires_grad)
 
@@ -221,16 +223,19 @@ class Tensor:
   @staticmethod
   def randint(low: int, high: int | None = None, size=(), dtype=None, device=None) -> Tensor:
     if high is None: low, high = 0, low
+    _check_shape(argfix(size), "randint")
     return Tensor(Tensor._rng.integers(low, high, size=argfix(size)).astype((dtypes.from_any(dtype) if dtype else dtypes.int64).np), device=device)
 
   @staticmethod
   def uniform(*shape, low: float = 0.0, high: float = 1.0, dtype=None, device=None, requires_grad=None) -> Tensor:
     shape = argfix(*shape)
+    _check_shape(shape, "uniform")
     return Tensor._random(lambda: Tensor._rng.uniform(low, high, shape), dtype, device, requires_grad)
 
   @staticmethod
   def normal(*shape, mean: float = 0.0, std: float = 1.0, dtype=None, device=None, requires_grad=None) -> Tensor:
     shape = argfix(*shape)
+    _check_shape(shape, "normal")
     return Tensor._random(lambda: Tensor._rng.normal(mean, std, shape), dtype, device, requires_grad)
 
   @staticmethod
@@ -351,6 +356,7 @@ class Tensor:
     if shape == self.shape: return self
     if len(shape) < self.ndim: raise ValueError(f"expand: shape {_shape_str(shape)} has fewer dims than tensor of shape {_shape_str(self.shape)}")
     padded = (1,) * (len(shape) - self.ndim) + self.shape
+    if any(s < -1 for s in shape): raise ValueError(f"expand: invalid shape {_shape_str(shape)} for tensor of shape {_shape_str(self.shape)}")
     new = tuple(p if s == -1 else s for s, p in zip(shape, padded))
     for p, s in zip(padded, new):
       if p != s and p != 1: raise ValueError(f"expand: cannot expand shape {_shape_str(self.shape)} to {_shape_str(shape)}")
@@ -453,6 +459,7 @@ class Tensor:
   def repeat(self, *repeats) -> Tensor:
     repeats = argfix(*repeats)
     if len(repeats) < self.ndim: raise ValueError(f"repeat: {len(repeats)} repeats for tensor of shape {_shape_str(self.shape)}")
+    if any(r < 0 for r in repeats): raise ValueError(f"repeat: repeats {repeats} must not be negative (tensor of shape {_shape_str(self.shape)})")
     base = (1,) * (len(repeats) - self.ndim) + self.shape
     x = self.reshape(tuple(v for s in base for v in (1, s)))
     x = x.expand(tuple(v for r, s in zip(repeats, base) for v in (r, s)))

@@ -31,6 +31,11 @@ def eval(model: Any = None) -> Any:  # noqa: A001 -- PyTorch's name
   return train(model, False)
 
 
+def _check_sizes(layer: str, **sizes: int) -> None:
+  for name, size in sizes.items():
+    if not isinstance(size, int) or size <= 0: raise ValueError(f"{layer}: {name} must be a positive int, got {size!r}")
+
+
 def _uniform(*shape: int, bound: float) -> Parameter:
   return Parameter(Tensor.uniform(*shape, low=-bound, high=bound))
 
@@ -38,6 +43,7 @@ def _uniform(*shape: int, bound: float) -> Parameter:
 class Linear(Module):
   """y = x @ weight.T + bias, weight (out_features, in_features), PyTorch's uniform init."""
   def __init__(self, in_features: int, out_features: int, bias: bool = True):
+    _check_sizes("Linear", in_features=in_features, out_features=out_features)
     bound = 1 / math.sqrt(in_features)
     self.weight = _uniform(out_features, in_features, bound=bound)
     self.bias = _uniform(out_features, bound=bound) if bias else None
@@ -56,9 +62,11 @@ class _ConvNd(Module):
 
   def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0, dilation=1,
                groups: int = 1, bias: bool = True):
+    _check_sizes(type(self).__name__, in_channels=in_channels, out_channels=out_channels, groups=groups)
     if in_channels % groups or out_channels % groups:
       raise ValueError(f"{type(self).__name__}: in_channels {in_channels} and out_channels {out_channels} must divide by groups {groups}")
     self.kernel_size = (kernel_size,) * self.n if isinstance(kernel_size, int) else tuple(kernel_size)
+    _check_sizes(type(self).__name__, **{f"kernel_size[{i}]": k for i, k in enumerate(self.kernel_size)})
     self.stride, self.padding, self.dilation, self.groups = stride, padding, dilation, groups
     bound = 1 / math.sqrt(in_channels // groups * prod(self.kernel_size))
     self.weight = _uniform(out_channels, in_channels // groups, *self.kernel_size, bound=bound)
@@ -168,6 +176,7 @@ class LayerNorm(Module):
 class GroupNorm(Module):
   """Split the channels (dim 1) into num_groups groups and normalise each group over its channels and positions."""
   def __init__(self, num_groups: int, num_channels: int, eps: float = 1e-5, affine: bool = True):
+    _check_sizes("GroupNorm", num_groups=num_groups, num_channels=num_channels)
     if num_channels % num_groups: raise ValueError(f"GroupNorm: num_channels {num_channels} must divide by num_groups {num_groups}")
     self.num_groups, self.num_channels, self.eps = num_groups, num_channels, eps
     self.weight = Parameter(Tensor.ones(num_channels)) if affine else None
@@ -313,6 +322,7 @@ class MultiheadAttention(Module):
   key_padding_mask (N, S): True marks padding keys.
   """
   def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0, bias: bool = True, batch_first: bool = False):
+    _check_sizes("MultiheadAttention", embed_dim=embed_dim, num_heads=num_heads)
     if embed_dim % num_heads: raise ValueError(f"MultiheadAttention: embed_dim {embed_dim} must divide by num_heads {num_heads}")
     self.embed_dim, self.num_heads, self.dropout, self.batch_first = embed_dim, num_heads, dropout, batch_first
     self.in_proj_weight = Parameter(Tensor.glorot_uniform(3 * embed_dim, embed_dim))

@@ -29,6 +29,14 @@ def _tuple(value, n: int, name: str, op: str, positive: bool = False) -> tuple[i
   return out
 
 
+def _check_pool_padding(pads, kernel, dilation, op: str) -> None:
+  """PyTorch's limit: padding at most half the (dilated) kernel, so no window lies wholly in the padding (a max
+  pool would return -inf there)."""
+  for (before, after), k, d in zip(pads, kernel, dilation):
+    if max(before, after) * 2 > d * (k - 1) + 1:
+      raise ValueError(f"{op}: padding {pads} should be at most half of the kernel {tuple(kernel)} (dilation {tuple(dilation)})")
+
+
 def _check_windows(x_shape, pads, kernel, dilation, op: str) -> None:
   """Every spatial dim, padded, must hold at least one window (PyTorch raises too: an empty output hides a bug)."""
   spatial = x_shape[len(x_shape) - len(kernel):]
@@ -432,6 +440,7 @@ def max_pool(x: Tensor, kernel_size, stride, padding, dilation, n: int) -> Tenso
   stride = kernel if stride is None else _tuple(stride, n, "stride", op, positive=True)
   dilation = _tuple(dilation, n, "dilation", op, positive=True)
   pads = _padding_pairs(padding, kernel, dilation, n, op)
+  _check_pool_padding(pads, kernel, dilation, op)
   _check_windows(x.shape, pads, kernel, dilation, op)
   fill = -math.inf if x.dtype.is_float else int(-2 ** (8 * x.dtype.itemsize - 1))
   x = x.pad(((0, 0),) * (x.ndim - n) + pads, value=fill)
@@ -444,6 +453,7 @@ def avg_pool(x: Tensor, kernel_size, stride, padding, count_include_pad: bool, n
   kernel = _tuple(kernel_size, n, "kernel_size", op, positive=True)
   stride = kernel if stride is None else _tuple(stride, n, "stride", op, positive=True)
   pads = ((0, 0),) * (x.ndim - n) + _padding_pairs(padding, kernel, (1,) * n, n, op)
+  _check_pool_padding(pads[-n:], kernel, (1,) * n, op)
   _check_windows(x.shape, pads[-n:], kernel, (1,) * n, op)
   total = _pool(x.pad(pads), kernel, stride, (1,) * n, Tensor.sum)
   if count_include_pad: return total / math.prod(kernel)
