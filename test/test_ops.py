@@ -896,3 +896,8 @@ def test_max_dim_gradient_goes_to_the_index_among_ties():
   helper_test_op([np.array([[1.0, 3.0, 3.0], [2.0, 2.0, 0.0]], dtype=np.float32)], lambda x: x.max(dim=1).values)
   helper_test_op([np.array([[1.0, 3.0, 3.0], [2.0, 2.0, 0.0]], dtype=np.float32)], lambda x: x.min(dim=0, keepdim=True).values)
   helper_test_op([np.array([[1.0, 3.0, 3.0], [2.0, 2.0, 0.0]], dtype=np.float32)], lambda x: x.amax(dim=1))
+
+
+def test_flip_dims_keyword():
+  helper_test_op([(2, 3, 4)], lambda x: x.flip(dims=(0, 2)))
+  helper_test_op([(2, 3, 4)], lambda x: x.flip([1]), lambda x: x.flip(1))

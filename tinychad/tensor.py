@@ -4,6 +4,16 @@ in: user calls (creation, math, movement, nn functions)
 out: Tensors whose `lazydata` is a LazyBuffer graph; nothing runs until realize()/numpy()/item()/tolist().
 Every method is composed from the autograd Functions in function.py (which sit on the primitive ops
 of ops.py). Shapes, axes and dtypes are checked here, at the user's call, so errors name the op.
+
+Where tinygrad's and PyTorch's habits meet, code written for either computes what it meant:
+  - requires_grad is tinygrad's tri-state: None (Tensor(...)'s default: a leaf gets a gradient when a backward
+    pass reaches it), True (always), False (never); requires_grad=False, detach(), buffers and no_grad() keep
+    PyTorch's meaning. backward() of a non-scalar seeds with ones (see backward).
+  - axis= (tinygrad) and dim= (PyTorch) are both accepted. x.max(axis) / x.max(axis=1) return the values, as in
+    tinygrad; x.max(dim=1) returns PyTorch's (values, indices): the keyword tells which habit the caller has.
+  - cat, stack and where take every tensor named, called as methods or on the class (a.stack(b), Tensor.stack(a, b),
+    Tensor.stack([a, b], 1)).
+  - Tensor.linear is tinygrad's (weight (in, out)); nn.functional.linear and nn.Linear are PyTorch's (out, in).
 """
 from __future__ import annotations
 import functools
@@ -423,8 +433,8 @@ class Tensor:
       if not 0 <= start <= end <= s: raise ValueError(f"shrink: window {arg} is out of bounds for shape {_shape_str(self.shape)}")
     return self if all(a == (0, s) for a, s in zip(arg, self.shape)) else F.Shrink.apply(self, arg=arg)
 
-  def flip(self, *dims) -> Tensor:
-    dims = self._axes(argfix(*dims), "flip")
+  def flip(self, *axes, dims=None) -> Tensor:
+    dims = self._axes(argfix(*axes) if dims is None else dims, "flip")
     flags = tuple(i in dims for i in range(self.ndim))
     return F.Flip.apply(self, axes=flags) if any(flags) else self
 
