@@ -27,7 +27,7 @@ def tinychad_step(batch: int):
   @TinyJit
   def step(images, labels):
     h = images.conv2d(params["conv1"]).relu().max_pool2d(2).conv2d(params["conv2"]).relu().max_pool2d(2)
-    loss = h.flatten(1).linear(params["fc"]).cross_entropy(labels)
+    loss = h.flatten(1).linear(params["fc"].T).cross_entropy(labels)
     opt.zero_grad()
     loss.backward()
     opt.step()

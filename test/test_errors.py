@@ -77,7 +77,8 @@ def test_creation_errors():
 
 
 def test_backward_errors():
-  with raises(RuntimeError, "scalar", "(2,)"): Tensor([1.0, 2.0], requires_grad=True).mul(2).backward()
+  # a non-scalar output without a gradient is seeded with ones (test_seed_examples); a gradient of another shape raises
+  with raises(ValueError, "gradient shape", "(3,)", "(2,)"): Tensor([1.0, 2.0], requires_grad=True).mul(2).backward(Tensor.ones(3))
   x = Tensor([1.0], requires_grad=False)
   with raises(RuntimeError, "does not require grad"): x.backward()
 
@@ -89,3 +90,86 @@ def test_errors_come_before_any_kernel_runs():
   with raises(ValueError, "mul"): a * Tensor.ones(3, 2)
   assert GlobalCounters.kernel_count == 0
   assert a.dtype == dtypes.float32
+
+
+# ---- issue 23: silent wrong answers and bad sizes raise, naming the op ----
+def test_stack_of_different_shapes_raises_in_every_call_form():
+  a, b = Tensor.ones(2, 3), Tensor.ones(3, 2)
+  with raises(ValueError, "stack", "(2, 3)", "(3, 2)"): Tensor.stack(a, b)
+  with raises(ValueError, "stack", "(2, 3)", "(3, 2)"): a.stack(b)
+  with raises(ValueError, "stack", "(2, 3)", "(3, 2)"): Tensor.stack([a, b], 1)
+  with raises(ValueError, "cat", "(2, 3)", "(3, 2)"): a.cat(b, dim=1)
+  with raises(ValueError, "stack", "non-empty"): Tensor.stack([])
+  with raises(TypeError, "cat", "list"): Tensor.cat(a, [b])
+
+
+def test_pool_kernel_larger_than_padded_input():
+  x = Tensor.ones(1, 1, 2, 2)
+  with raises(ValueError, "max_pool2d", "kernel (3, 3)", "(1, 1, 2, 2)"): x.max_pool2d(3)
+  with raises(ValueError, "avg_pool2d", "kernel (3, 3)", "(1, 1, 2, 2)"): x.avg_pool2d(3)
+  with raises(ValueError, "max_pool2d", "kernel (3, 3)", "(1, 1, 2, 2)"): x.max_pool2d(3, dilation=2, padding=1)
+  assert x.max_pool2d(3, padding=1).shape == (1, 1, 1, 1)  # the padded input holds one window
+
+
+def test_zero_and_negative_sizes_strides_groups_dilations():
+  x, w = Tensor.ones(1, 2, 4, 4), Tensor.ones(2, 2, 2, 2)
+  with raises(ValueError, "chunk", "0", "(4, 4)"): Tensor.ones(4, 4).chunk(0)
+  with raises(ValueError, "chunk", "-1"): Tensor.ones(4).chunk(-1)
+  with raises(ValueError, "conv2d", "stride", "0"): x.conv2d(w, stride=0)
+  with raises(ValueError, "conv2d", "stride", "-1"): x.conv2d(w, stride=(1, -1))
+  with raises(ValueError, "conv2d", "dilation", "0"): x.conv2d(w, dilation=0)
+  with raises(ValueError, "conv2d", "groups", "0"): x.conv2d(w, groups=0)
+  with raises(ValueError, "conv2d", "groups", "-2"): x.conv2d(w, groups=-2)
+  with raises(ValueError, "conv2d", "padding", "-1"): x.conv2d(w, padding=-1)
+  with raises(ValueError, "conv1d", "stride", "0"): Tensor.ones(1, 2, 5).conv1d(Tensor.ones(2, 2, 3), stride=0)
+  with raises(ValueError, "conv_transpose2d", "stride", "0"): x.conv_transpose2d(w, stride=0)
+  with raises(ValueError, "conv_transpose2d", "groups", "0"): x.conv_transpose2d(w, groups=0)
+  with raises(ValueError, "max_pool2d", "stride", "0"): x.max_pool2d(2, stride=0)
+  with raises(ValueError, "max_pool2d", "kernel_size", "0"): x.max_pool2d(0)
+  with raises(ValueError, "max_pool2d", "dilation", "0"): x.max_pool2d(2, dilation=0)
+  with raises(ValueError, "avg_pool2d", "stride", "0"): x.avg_pool2d(2, stride=0)
+  with raises(ValueError, "avg_pool2d", "kernel_size", "-2"): x.avg_pool2d(-2)
+  with raises(ValueError, "split", "0"): Tensor.ones(4).split(0)
+
+
+def test_max_of_empty_raises():
+  with raises(ValueError, "max", "empty"): Tensor.ones(0).max()
+  with raises(ValueError, "max", "size 0", "(2, 0)"): Tensor.ones(2, 0).max(1)
+  with raises(ValueError, "max", "empty"): Tensor.ones(0, 3).min()
+  assert Tensor.ones(2, 0).max(0).shape == (0,)  # reducing a non-empty dim of an empty tensor is fine, as in PyTorch
+
+
+def test_resize_and_shuffle_errors():
+  from tinychad.nn import functional as F
+  x = Tensor.ones(1, 4, 3, 3)
+  with raises(ValueError, "pixel_shuffle", "(1, 4, 3, 3)", "9"): F.pixel_shuffle(x, 3)
+  with raises(ValueError, "pixel_shuffle", "upscale_factor", "0"): F.pixel_shuffle(x, 0)
+  with raises(ValueError, "interpolate", "exactly one"): F.interpolate(x)
+  with raises(ValueError, "interpolate", "size", "0"): F.interpolate(x, size=(0, 2))
+  with raises(ValueError, "interpolate", "scale_factor"): F.interpolate(x, scale_factor=-1.0)
+  with raises(ValueError, "adaptive_avg_pool2d", "output_size"): F.adaptive_avg_pool2d(x, 0)
+
+
+def test_negative_sizes_and_layer_sizes():
+  from tinychad import nn
+  with raises(ValueError, "repeat", "-1"): Tensor.ones(2).repeat(-1)
+  with raises(ValueError, "expand", "(-2,)"): Tensor.ones(1).expand(-2)
+  with raises(ValueError, "uniform", "-1"): Tensor.uniform(-1, 3)
+  with raises(ValueError, "normal", "-3"): Tensor.normal(2, -3)
+  with raises(ValueError, "randint", "-1"): Tensor.randint(0, 5, size=(-1,))
+  with raises(ValueError, "eye", "-1"): Tensor.eye(-1)
+  with raises(ValueError, "linspace", "-1"): Tensor.linspace(0, 1, -1)
+  with raises(ValueError, "Linear", "in_features", "-1"): nn.Linear(-1, 3)
+  with raises(ValueError, "Conv2d", "in_channels", "0"): nn.Conv2d(0, 3, 3)
+  with raises(ValueError, "Conv2d", "kernel_size", "0"): nn.Conv2d(2, 3, 0)
+  with raises(ValueError, "Conv1d", "groups", "0"): nn.Conv1d(2, 2, 3, groups=0)
+  with raises(ValueError, "GroupNorm", "num_groups", "0"): nn.GroupNorm(0, 4)
+  with raises(ValueError, "MultiheadAttention", "num_heads", "0"): nn.MultiheadAttention(4, 0)
+
+
+def test_pool_padding_over_half_the_kernel():
+  x = Tensor.ones(1, 1, 4, 4)
+  # a window wholly in the padding would give -inf (max) or 0 (avg): PyTorch refuses, so do we
+  with raises(ValueError, "max_pool2d", "padding", "half"): x.max_pool2d(2, padding=3)
+  with raises(ValueError, "avg_pool2d", "padding", "half"): x.avg_pool2d(2, padding=2)
+  assert x.max_pool2d(3, stride=1, padding=1).shape == (1, 1, 4, 4)

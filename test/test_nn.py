@@ -239,3 +239,159 @@ def test_errors_name_the_problem():
   with pytest.raises(ValueError, match="divide by num_heads"): nn.MultiheadAttention(10, 3)
   with pytest.raises(TypeError, match="integers"): nn.Embedding(4, 2)(Tensor([0.5]))
   assert nn.Embedding(4, 2)(Tensor([1, 2], dtype=dtypes.int32)).shape == (2, 2)
+
+
+# ---- issue 23: layers with PyTorch's names, on every device ----
+LAYERS = [
+  (lambda: nn.ReLU(), lambda: torch.nn.ReLU(), (3, 5)),
+  (lambda: nn.GELU(), lambda: torch.nn.GELU(), (3, 5)),
+  (lambda: nn.GELU("tanh"), lambda: torch.nn.GELU("tanh"), (3, 5)),
+  (lambda: nn.SiLU(), lambda: torch.nn.SiLU(), (3, 5)),
+  (lambda: nn.Tanh(), lambda: torch.nn.Tanh(), (3, 5)),
+  (lambda: nn.Sigmoid(), lambda: torch.nn.Sigmoid(), (3, 5)),
+  (lambda: nn.LeakyReLU(0.2), lambda: torch.nn.LeakyReLU(0.2), (3, 5)),
+  (lambda: nn.Softmax(dim=1), lambda: torch.nn.Softmax(dim=1), (3, 5)),
+  (lambda: nn.LogSoftmax(dim=0), lambda: torch.nn.LogSoftmax(dim=0), (3, 5)),
+  (lambda: nn.Identity(54, unused=1), lambda: torch.nn.Identity(54, unused=1), (3, 5)),
+  (lambda: nn.Flatten(), lambda: torch.nn.Flatten(), (2, 3, 4, 5)),
+  (lambda: nn.Flatten(0, 2), lambda: torch.nn.Flatten(0, 2), (2, 3, 4, 5)),
+  (lambda: nn.Unflatten(1, (3, 4)), lambda: torch.nn.Unflatten(1, (3, 4)), (2, 12, 5)),
+  (lambda: nn.MaxPool2d(2), lambda: torch.nn.MaxPool2d(2), (2, 3, 6, 7)),
+  (lambda: nn.MaxPool2d(3, 2, 1), lambda: torch.nn.MaxPool2d(3, 2, 1), (2, 3, 6, 7)),
+  (lambda: nn.AvgPool2d(2), lambda: torch.nn.AvgPool2d(2), (2, 3, 6, 7)),
+  (lambda: nn.AvgPool2d(3, 1, 1, count_include_pad=False), lambda: torch.nn.AvgPool2d(3, 1, 1, count_include_pad=False), (2, 3, 6, 7)),
+  (lambda: nn.AdaptiveAvgPool2d((1, 1)), lambda: torch.nn.AdaptiveAvgPool2d((1, 1)), (2, 3, 6, 7)),
+  (lambda: nn.AdaptiveAvgPool2d(4), lambda: torch.nn.AdaptiveAvgPool2d(4), (2, 3, 6, 7)),
+  (lambda: nn.ConvTranspose1d(4, 3, 3), lambda: torch.nn.ConvTranspose1d(4, 3, 3), (2, 4, 7)),
+  (lambda: nn.ConvTranspose1d(4, 6, 3, stride=2, padding=1, output_padding=1, groups=2),
+   lambda: torch.nn.ConvTranspose1d(4, 6, 3, stride=2, padding=1, output_padding=1, groups=2), (2, 4, 7)),
+  (lambda: nn.Upsample(scale_factor=2), lambda: torch.nn.Upsample(scale_factor=2), (2, 3, 4, 5)),
+  (lambda: nn.Upsample(size=(7, 9), mode="bilinear", align_corners=True),
+   lambda: torch.nn.Upsample(size=(7, 9), mode="bilinear", align_corners=True), (2, 3, 4, 5)),
+  (lambda: nn.PixelShuffle(2), lambda: torch.nn.PixelShuffle(2), (2, 8, 3, 4)),
+]
+
+
+@pytest.mark.usefixtures("each_device")
+@pytest.mark.parametrize("ours, theirs, shape", LAYERS, ids=[f"{i}" for i in range(len(LAYERS))])
+def test_pytorch_named_layers(ours, theirs, shape):
+  torch.manual_seed(0)
+  check_layer(ours(), theirs(), randn(*shape))
+
+
+@pytest.mark.usefixtures("each_device")
+@pytest.mark.parametrize("kwargs", [{}, {"norm_first": True, "activation": "gelu", "batch_first": True}])
+def test_transformer_encoder(kwargs):
+  torch.manual_seed(0)
+  ours = nn.TransformerEncoder(nn.TransformerEncoderLayer(8, 2, dim_feedforward=16, dropout=0.0, **kwargs), 2, norm=nn.LayerNorm(8))
+  theirs = torch.nn.TransformerEncoder(torch.nn.TransformerEncoderLayer(8, 2, dim_feedforward=16, dropout=0.0, **kwargs), 2,
+                                       norm=torch.nn.LayerNorm(8), enable_nested_tensor=False)
+  assert list(get_state_dict(ours)) == list(theirs.state_dict())
+  # the copies start equal, as PyTorch's deep copies do
+  np.testing.assert_array_equal(ours.layers[0].linear1.weight.numpy(), ours.layers[1].linear1.weight.numpy())
+  mask = np.triu(np.full((5, 5), -np.inf, dtype=np.float32), 1)
+  x = randn(3, 5, 8) if kwargs.get("batch_first") else randn(5, 3, 8)   # sequence length 5 either way
+  check_layer(ours, theirs, x, call=lambda layer, x: layer(x, mask=type(x)(mask)))
+
+
+# ---- issue 23: nn.Module habits ----
+class Block(nn.Module):
+  def __init__(self):
+    super().__init__()
+    self.fc = nn.Linear(4, 4)
+    self.drop = nn.Dropout(0.5)
+    self.bn = nn.BatchNorm1d(4)
+  def forward(self, x): return self.drop(self.bn(self.fc(x)).relu())
+
+
+class TorchBlock(torch.nn.Module):
+  def __init__(self):
+    super().__init__()
+    self.fc = torch.nn.Linear(4, 4)
+    self.drop = torch.nn.Dropout(0.5)
+    self.bn = torch.nn.BatchNorm1d(4)
+  def forward(self, x): return self.drop(self.bn(self.fc(x)).relu())
+
+
+class Model(nn.Module):
+  def __init__(self):
+    super().__init__()
+    self.body = nn.ModuleList([Block(), Block()])
+    self.heads = nn.ModuleDict({"a": nn.Linear(4, 2), "b": nn.Linear(4, 3)})
+    self.scale = nn.Parameter(Tensor.ones(1))
+    self.register_buffer("offset", Tensor.zeros(4))
+    self.register_buffer("scratch", Tensor.zeros(4), persistent=False)
+  def forward(self, x):
+    for block in self.body: x = block(x) + self.offset
+    return self.heads["a"](x) * self.scale, self.heads["b"](x)
+
+
+class TorchModel(torch.nn.Module):
+  def __init__(self):
+    super().__init__()
+    self.body = torch.nn.ModuleList([TorchBlock(), TorchBlock()])
+    self.heads = torch.nn.ModuleDict({"a": torch.nn.Linear(4, 2), "b": torch.nn.Linear(4, 3)})
+    self.scale = torch.nn.Parameter(torch.ones(1))
+    self.register_buffer("offset", torch.zeros(4))
+    self.register_buffer("scratch", torch.zeros(4), persistent=False)
+
+
+def test_module_names_match_pytorch():
+  ours, theirs = Model(), TorchModel()
+  assert [n for n, _ in ours.named_parameters()] == [n for n, _ in theirs.named_parameters()]
+  assert [n for n, _ in ours.named_buffers()] == [n for n, _ in theirs.named_buffers()]
+  assert [n for n, _ in ours.named_modules()] == [n for n, _ in theirs.named_modules()]
+  assert [type(m).__name__ for m in ours.children()] == [type(m).__name__ for m in theirs.children()]
+  assert list(ours.state_dict()) == list(theirs.state_dict())   # no "scratch": not persistent
+  ours.load_state_dict({k: v.numpy() for k, v in theirs.state_dict().items()})  # strict: doesn't expect "scratch"
+  assert isinstance(ours.scale, nn.Parameter) and ours.scale.requires_grad
+  assert all(t.requires_grad is False for t in ours.buffers())
+
+
+def test_module_call_runs_forward_and_zero_grad_requires_grad():
+  model = Model()
+  out_a, out_b = model(Tensor.ones(3, 4))
+  assert out_a.shape == (3, 2) and out_b.shape == (3, 3)
+  (out_a.sum() + out_b.sum()).backward()
+  assert all(p.grad is not None for p in model.parameters())
+  model.zero_grad()
+  assert all(p.grad is None for p in model.parameters())
+  model.body.requires_grad_(False)
+  assert len(get_parameters(model)) == 5 and len(model.parameters()) == 13  # frozen ones stay parameters
+  model.requires_grad_()
+  assert len(get_parameters(model)) == 13
+  with pytest.raises(NotImplementedError, match="forward"): nn.Module()(Tensor.ones(1))
+
+
+def test_module_to_dtype_keeps_identity():
+  model = Model()
+  weight = model.heads["a"].weight
+  assert model.double() is model and weight.dtype == dtypes.float64 and model.offset.dtype == dtypes.float64
+  assert model.body[0].bn.num_batches_tracked.dtype == dtypes.int64   # integers keep their dtype, as PyTorch
+  assert model.heads["a"].weight is weight
+  assert model(Tensor.ones(2, 4, dtype=dtypes.float64))[0].dtype == dtypes.float64
+  assert model.half().offset.dtype == dtypes.float16 and model.float().offset.dtype == dtypes.float32
+
+
+def test_train_eval_per_module():
+  model = Model()
+  previous = Tensor.training
+  try:
+    model.body.eval()
+    model.heads.train()
+    assert not model.body[0].training and not model.body[1].drop.training and model.heads["a"].training
+    x = Tensor.ones(8, 4)
+    np.testing.assert_array_equal(model.body[0].drop(x).numpy(), x.numpy())   # eval: no dropout
+    model.train()
+    assert all(m.training for m in model.modules())
+    assert (model.body[0].drop(Tensor.ones(200, 50)).numpy() == 0).mean() > 0.4
+    model.eval()
+    assert not any(m.training for m in model.modules()) and not Tensor.training
+    # a module no train()/eval() has reached follows the global Tensor.training, as before
+    fresh = nn.Dropout(0.5)
+    Tensor.training = True
+    assert fresh.training and (fresh(Tensor.ones(100, 10)).numpy() == 0).any()
+    Tensor.training = False
+    assert not fresh.training
+  finally:
+    Tensor.training = previous

@@ -790,3 +790,114 @@ def test_grad_does_not_flow_to_int_or_comparison():
   torch_x = torch.tensor([1.0, -2.0, 3.0], requires_grad=True)
   (torch.where(torch_x > 0, torch_x, 0.0) + torch_x.int().float()).sum().backward()
   assert_same(x.grad, torch_x.grad, 0, 0, "gradient")
+
+
+# ---------------------------------------------------------------- issue 23: both call forms, tinygrad's linear
+
+def test_stack_cat_where_both_call_forms():
+  """tinygrad's a.stack(b, c) and PyTorch's Tensor.stack([a, b, c], dim) must both include every tensor."""
+  rng = np.random.default_rng(0)
+  arrays = [rng.standard_normal((2, 3)).astype(np.float32) for _ in range(3)]
+  a, b, c = [Tensor(x) for x in arrays]
+  ta, tb, tc = [torch.tensor(x) for x in arrays]
+  assert_same(a.stack(b, c, dim=1), torch.stack([ta, tb, tc], dim=1), 0, 0, "a.stack(b, c, dim=1)")
+  assert_same(Tensor.stack(a, b, c), torch.stack([ta, tb, tc]), 0, 0, "Tensor.stack(a, b, c)")
+  assert_same(Tensor.stack([a, b, c], 2), torch.stack([ta, tb, tc], 2), 0, 0, "Tensor.stack([a, b, c], 2)")
+  assert_same(a.stack(), torch.stack([ta]), 0, 0, "a.stack()")
+  assert_same(a.cat(b, c, dim=1), torch.cat([ta, tb, tc], dim=1), 0, 0, "a.cat(b, c, dim=1)")
+  assert_same(Tensor.cat([a, b], 1), torch.cat([ta, tb], 1), 0, 0, "Tensor.cat([a, b], 1)")
+  assert_same(Tensor.cat((a, b, c)), torch.cat((ta, tb, tc)), 0, 0, "Tensor.cat((a, b, c))")
+  cond = a > 0
+  assert_same(cond.where(b, c), torch.where(ta > 0, tb, tc), 0, 0, "cond.where(b, c)")
+  assert_same(Tensor.where(cond, b, c), torch.where(ta > 0, tb, tc), 0, 0, "Tensor.where(cond, b, c)")
+  assert_same(a.maximum(b), torch.maximum(ta, tb), 0, 0, "a.maximum(b)")
+  assert_same(Tensor.maximum(a, b), torch.maximum(ta, tb), 0, 0, "Tensor.maximum(a, b)")
+
+
+def test_stack_gradient_reaches_self():
+  helper_test_op([(2, 3), (2, 3), (2, 3)], lambda a, b, c: torch.stack([a, b, c], 1), lambda a, b, c: a.stack(b, c, dim=1))
+
+
+@pytest.mark.parametrize("x, w, bias", [((2, 3), (3, 4), (4,)), ((5, 2, 3), (3, 4), None), ((3,), (3, 4), (4,)), ((2, 3), (3,), None)])
+def test_linear_is_tinygrads(x, w, bias):
+  """Tensor.linear(weight, bias) = x @ weight + bias with weight (in, out) (x * weight for a 1-d weight), as tinygrad."""
+  shapes = [x, w] + ([bias] if bias else [])
+  def torch_fn(x, w, b=None):
+    out = x * w if w.ndim == 1 else x @ w
+    return out + b if b is not None else out
+  helper_test_op(shapes, torch_fn, lambda *a: a[0].linear(*a[1:]), atol=1e-5)
+
+
+# ---------------------------------------------------------------- issue 23: resizing ops
+
+@pytest.mark.parametrize("kwargs", [dict(size=(5, 7)), dict(scale_factor=2), dict(size=(3, 2)),
+                                    dict(size=(5, 7), mode="bilinear", align_corners=False),
+                                    dict(size=(5, 7), mode="bilinear", align_corners=True),
+                                    dict(scale_factor=2, mode="bilinear", align_corners=False),
+                                    dict(size=(2, 3), mode="bilinear", align_corners=False)])
+def test_interpolate(kwargs):
+  from tinychad.nn import functional as F
+  helper_test_op([(2, 3, 4, 5)], lambda x: TF.interpolate(x, **kwargs), lambda x: F.interpolate(x, **kwargs), atol=1e-5)
+
+
+def test_interpolate_1d():
+  from tinychad.nn import functional as F
+  helper_test_op([(2, 3, 6)], lambda x: TF.interpolate(x, size=9, mode="linear", align_corners=True),
+                 lambda x: F.interpolate(x, size=9, mode="linear", align_corners=True), atol=1e-5)
+
+
+@pytest.mark.parametrize("size", [1, (2, 3), (3, 3), (5, 4), (None, 2)])
+def test_adaptive_avg_pool2d(size):
+  from tinychad.nn import functional as F
+  helper_test_op([(2, 3, 5, 7)], lambda x: TF.adaptive_avg_pool2d(x, size), lambda x: F.adaptive_avg_pool2d(x, size), atol=1e-5)
+
+
+def test_pixel_shuffle():
+  from tinychad.nn import functional as F
+  helper_test_op([(2, 8, 3, 5)], lambda x: TF.pixel_shuffle(x, 2), lambda x: F.pixel_shuffle(x, 2))
+  helper_test_op([(9, 2, 2)], lambda x: TF.pixel_shuffle(x, 3), lambda x: F.pixel_shuffle(x, 3))
+
+
+# ---------------------------------------------------------------- issue 23: dim= and keepdim= beside axis=
+
+@pytest.mark.parametrize("name, fn", [
+  ("sum", lambda x: x.sum(dim=1, keepdim=True)), ("sum_tuple", lambda x: x.sum(dim=(0, 2))),
+  ("mean", lambda x: x.mean(dim=-1)), ("var", lambda x: x.var(dim=1, keepdim=True)), ("std", lambda x: x.std(dim=0)),
+  ("prod", lambda x: x.prod(dim=2)), ("logsumexp", lambda x: x.logsumexp(dim=1)),
+  ("softmax", lambda x: x.softmax(dim=0)), ("log_softmax", lambda x: x.log_softmax(dim=1)),
+  ("cumsum", lambda x: x.cumsum(dim=2)), ("amax", lambda x: x.amax(dim=1)), ("amin", lambda x: x.amin(dim=(0, 1), keepdim=True)),
+  ("max_values", lambda x: x.max(dim=1).values), ("min_values", lambda x: x.min(dim=2, keepdim=True).values),
+])
+def test_dim_keyword(name, fn):
+  helper_test_op([(3, 4, 5)], fn, atol=1e-5, grad_atol=1e-4)
+
+
+def test_dim_keyword_without_gradient():
+  for fn in (lambda x: x.argmax(dim=1), lambda x: x.argmin(dim=0, keepdim=True), lambda x: (x > 0).any(dim=1),
+             lambda x: (x > 0).all(dim=0), lambda x: x.max(dim=1).indices, lambda x: x.min(dim=-1, keepdim=True).indices):
+    helper_test_op([(3, 4, 5)], fn, grad=False)
+
+
+def test_max_dim_returns_values_and_indices_axis_returns_values():
+  """PyTorch's keyword dim= gives (values, indices); tinygrad's axis= (or a positional axis) gives the values."""
+  x = Tensor([[1.0, 5.0, 5.0], [7.0, 2.0, 0.0]])
+  values, indices = x.max(dim=1)
+  np.testing.assert_array_equal(values.numpy(), [5.0, 7.0])
+  np.testing.assert_array_equal(indices.numpy(), [1, 0])   # the first maximum, as PyTorch
+  assert x.max(dim=1, keepdim=True).values.shape == (2, 1)
+  assert isinstance(x.max(axis=1), Tensor) and isinstance(x.max(1), Tensor) and isinstance(x.max(), Tensor)
+  values, indices = Tensor.min(x, dim=0)
+  np.testing.assert_array_equal(values.numpy(), [1.0, 2.0, 0.0])
+  np.testing.assert_array_equal(indices.numpy(), [0, 1, 1])
+
+
+def test_max_dim_gradient_goes_to_the_index_among_ties():
+  """PyTorch's max(dim=) sends the gradient to the returned index only; max() / amax share it among ties."""
+  helper_test_op([np.array([[1.0, 3.0, 3.0], [2.0, 2.0, 0.0]], dtype=np.float32)], lambda x: x.max(dim=1).values)
+  helper_test_op([np.array([[1.0, 3.0, 3.0], [2.0, 2.0, 0.0]], dtype=np.float32)], lambda x: x.min(dim=0, keepdim=True).values)
+  helper_test_op([np.array([[1.0, 3.0, 3.0], [2.0, 2.0, 0.0]], dtype=np.float32)], lambda x: x.amax(dim=1))
+
+
+def test_flip_dims_keyword():
+  helper_test_op([(2, 3, 4)], lambda x: x.flip(dims=(0, 2)))
+  helper_test_op([(2, 3, 4)], lambda x: x.flip([1]), lambda x: x.flip(1))

@@ -292,7 +292,7 @@ def test_transposed_operand_matmul(mode, m, k, n):
   x, w = rng.standard_normal((m, k), dtype=np.float32), rng.standard_normal((n, k), dtype=np.float32)
   bias = rng.standard_normal(n, dtype=np.float32)
   _check(lambda a, b: a @ b.T, x, w)
-  _check(lambda a, b, c: a.linear(b, c).relu(), x, w, bias)
+  _check(lambda a, b, c: a.linear(b.T, c).relu(), x, w, bias)
   _check(lambda a, b: a.reshape(2, m // 2, k) @ b.T, x, w)
 
 

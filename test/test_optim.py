@@ -160,3 +160,100 @@ def test_clip_grad_norm_matches_torch(max_norm, norm_type):
   total_t = torch.nn.utils.clip_grad_norm_(theirs, max_norm, norm_type)
   np.testing.assert_allclose(total.item(), total_t.item(), rtol=1e-5)
   for p, q in zip(ours, theirs): np.testing.assert_allclose(p.grad.numpy(), q.grad.numpy(), rtol=1e-5, atol=1e-7)
+
+
+# ---- issue 23: lr in the parameter's dtype; buffers and plain tensor attributes never trained ----
+@pytest.mark.parametrize("make", [lambda p: SGD(p, lr=0.1), lambda p: SGD(p, lr=0.1, momentum=0.9), lambda p: RMSprop(p, lr=0.1)])
+def test_float64_parameters_step_like_torch_float64(make):
+  w = Tensor(np.array([1.0, -2.0, 3.0]), requires_grad=True)
+  tw = torch.tensor([1.0, -2.0, 3.0], dtype=torch.float64, requires_grad=True)
+  theirs = {SGD: torch.optim.SGD, RMSprop: torch.optim.RMSprop}
+  opt = make([w])
+  topt = theirs[type(opt)]([tw], lr=0.1, **({"momentum": opt.momentum} if isinstance(opt, SGD) else {}))
+  for _ in range(3):
+    opt.zero_grad()
+    topt.zero_grad()
+    (w * w).sum().backward()
+    (tw * tw).sum().backward()
+    opt.step()
+    topt.step()
+  np.testing.assert_allclose(w.numpy(), tw.detach().numpy(), rtol=1e-15, atol=0)
+
+
+def test_float64_sgd_steps_by_exactly_lr():
+  w = Tensor(np.array([1.0]), requires_grad=True)
+  opt = SGD([w], lr=0.1)
+  w.sum().backward()
+  opt.step()
+  assert w.numpy()[0] == 1.0 - 0.1  # 0.10000000149 when lr was kept in float32
+  assert opt.lr == 0.1
+
+
+def test_buffers_and_plain_tensor_attributes_are_never_trained():
+  from tinychad import nn
+  class Rotary(nn.Module):
+    def __init__(self):
+      super().__init__()
+      self.proj = nn.Linear(4, 4)
+      self.table = Tensor(np.linspace(0, 1, 4, dtype=np.float32))         # a plain attribute: PyTorch's rule, not state
+      self.register_buffer("mask", Tensor.ones(4))                         # a buffer: saved, never trained
+      self.register_buffer("cache", Tensor.zeros(4), persistent=False)     # neither saved nor trained
+    def forward(self, x): return self.proj(x * self.table * self.mask + self.cache)
+  model = Rotary()
+  table, mask = model.table.numpy().copy(), model.mask.numpy().copy()
+  opt = SGD(model.parameters(), lr=0.5)
+  assert len(opt.params) == 2
+  for _ in range(3):
+    opt.zero_grad()
+    model(Tensor.ones(2, 4)).square().sum().backward()
+    opt.step()
+  np.testing.assert_array_equal(model.table.numpy(), table)
+  np.testing.assert_array_equal(model.mask.numpy(), mask)
+  np.testing.assert_array_equal(model.cache.numpy(), np.zeros(4))
+  assert model.mask.grad is None and model.cache.grad is None
+
+
+def test_param_groups_match_torch():
+  """nanoGPT's split: weights decay, biases don't, each group with its own lr; plus a scheduler over both groups."""
+  def groups(w, b): return [{"params": [w], "weight_decay": 0.1}, {"params": [b], "weight_decay": 0.0, "lr": 0.01}]
+  for ours, theirs, kwargs in [(AdamW, torch.optim.AdamW, {"lr": 0.05, "betas": (0.8, 0.9)}),
+                               (SGD, torch.optim.SGD, {"lr": 0.05, "momentum": 0.9}),
+                               (RMSprop, torch.optim.RMSprop, {"lr": 0.05})]:
+    got = run_ours(lambda p: ours(groups(*p), **kwargs))
+    want = run_torch(lambda p: theirs(groups(*p), **kwargs))
+    for a, b in zip(got, want): np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5, err_msg=ours.__name__)
+  with pytest.raises(ValueError, match="unknown settings"): SGD([{"params": [Tensor.ones(1)], "betas": (0.9, 0.9)}])
+  with pytest.raises(ValueError, match="twice"):
+    w = Tensor.ones(1, requires_grad=True)
+    SGD([{"params": [w]}, {"params": [w]}])
+
+
+def test_group_lr_edit_and_scheduler_keep_ratios():
+  w, b = Tensor(W0, requires_grad=True), Tensor(B0, requires_grad=True)
+  opt = SGD([{"params": [w]}, {"params": [b], "lr": 0.01}], lr=0.1)
+  StepLR(opt, step_size=1, gamma=0.5).step()
+  assert [g["lr"] for g in opt.param_groups] == [0.05, 0.005]
+  opt.param_groups[1]["lr"] = 1.0   # PyTorch's habit: takes effect at the next step
+  b0 = b.numpy().copy()
+  b.sum().backward()
+  opt.step()
+  np.testing.assert_allclose(b.numpy(), b0 - 1.0, rtol=1e-6)
+
+
+def test_optimizer_state_dict_resumes():
+  def train(opt, w, b, steps):
+    for _ in range(steps):
+      opt.zero_grad()
+      ((Tensor(X) @ w + b).tanh().square().sum()).backward()
+      opt.step()
+  w, b = Tensor(W0, requires_grad=True), Tensor(B0, requires_grad=True)
+  opt = Adam([w, b], lr=0.05)
+  train(opt, w, b, 3)
+  saved, w_saved, b_saved = opt.state_dict(), w.numpy().copy(), b.numpy().copy()
+  train(opt, w, b, 2)
+  w2, b2 = Tensor(w_saved, requires_grad=True), Tensor(b_saved, requires_grad=True)
+  resumed = Adam([w2, b2], lr=0.05)
+  resumed.load_state_dict(saved)
+  train(resumed, w2, b2, 2)
+  np.testing.assert_allclose(w2.numpy(), w.numpy(), rtol=1e-6, atol=1e-7)
+  np.testing.assert_allclose(b2.numpy(), b.numpy(), rtol=1e-6, atol=1e-7)

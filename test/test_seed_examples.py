@@ -96,3 +96,40 @@ print(Linear(25,10)(x).numpy().shape)
   printed = run_snippet(code, LLVM="1", DEVICE="", DEBUG="4", TINYCHAD_CACHE=str(tmp_path))
   assert "define void @\"r_10_25\"" in printed and "fmul" in printed
   assert printed.strip().endswith("(1, 10)")
+
+
+SHRIMPGRAD = """
+from tinychad import Tensor
+x = Tensor.ones((2,2)); y = Tensor.zeros((2,2)); z = x.dot(y); z.backward()
+print(x.grad.numpy().tolist(), y.grad.numpy().tolist())
+"""
+
+
+def test_shrimpgrad_readme_dot_backward():
+  """shrimpgrad's README verbatim: nothing asked for gradients (requires_grad None, tinygrad's "not decided"), the
+  backward of a non-scalar seeds with ones, and both leaves get the gradient of z.sum()."""
+  assert run_snippet(SHRIMPGRAD).strip() == "[[0.0, 0.0], [0.0, 0.0]] [[2.0, 2.0], [2.0, 2.0]]"
+
+
+def test_tri_state_requires_grad():
+  from tinychad import Tensor, no_grad
+  undecided, always, never = Tensor([1.0, 2.0]), Tensor([3.0, 4.0], requires_grad=True), Tensor([5.0, 6.0], requires_grad=False)
+  assert undecided.requires_grad is None and always.requires_grad and never.requires_grad is False
+  (undecided * always * never).sum().backward()
+  np.testing.assert_allclose(undecided.grad.numpy(), [15.0, 24.0])
+  np.testing.assert_allclose(always.grad.numpy(), [5.0, 12.0])
+  assert never.grad is None
+  # a leaf the pass doesn't reach gets nothing; under no_grad() nothing is recorded, whatever the flags
+  other = Tensor([1.0])
+  (Tensor([2.0]) * 3).backward()
+  assert other.grad is None
+  with no_grad(): out = undecided * always
+  assert out.requires_grad is False and out._ctx is None
+  # an undecided leaf's backward gives it its own seed
+  leaf = Tensor([1.0, 1.0])
+  leaf.backward()
+  np.testing.assert_allclose(leaf.grad.numpy(), [1.0, 1.0])
+  # a non-scalar output is seeded with ones: the gradients of its sum
+  w = Tensor([[1.0, 2.0], [3.0, 4.0]], requires_grad=True)
+  (w * 2).backward()
+  np.testing.assert_allclose(w.grad.numpy(), np.full((2, 2), 2.0))

@@ -15,9 +15,15 @@ from tinychad.ops import UnaryOps, BinaryOps, TernaryOps, ReduceOps
 
 class Function:
   def __init__(self, *tensors):
-    self.needs_input_grad = needs = [t.requires_grad for t in tensors]
+    needs = [t.requires_grad for t in tensors]
     self.requires_grad = True if True in needs else None if None in needs else False
-    if self.requires_grad: self.parents = tensors
+    # None (tinygrad's "not decided") records the graph too: a backward pass that reaches a None leaf gives it a grad
+    if self.requires_grad is not False: self.parents = tensors
+
+  @property
+  def needs_input_grad(self) -> list[bool]:
+    """Which inputs get a gradient (requires_grad True or None); asked in backward only, so forward pays nothing."""
+    return [t.requires_grad is not False for t in self.parents]
 
   def backward(self, *args, **kwargs): raise RuntimeError(f"{type(self).__name__} has no gradient")
 
@@ -27,7 +33,7 @@ class Function:
     ctx = cls(*tensors)
     result = ctx.forward(*[t.lazydata for t in tensors], **kwargs)
     out = tensor_module.Tensor.from_lazy(result, False if no_grad else ctx.requires_grad)
-    if ctx.requires_grad and not no_grad: out._ctx = ctx
+    if ctx.requires_grad is not False and not no_grad: out._ctx = ctx
     return out
 
 

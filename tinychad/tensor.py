@@ -4,11 +4,22 @@ in: user calls (creation, math, movement, nn functions)
 out: Tensors whose `lazydata` is a LazyBuffer graph; nothing runs until realize()/numpy()/item()/tolist().
 Every method is composed from the autograd Functions in function.py (which sit on the primitive ops
 of ops.py). Shapes, axes and dtypes are checked here, at the user's call, so errors name the op.
+
+Where tinygrad's and PyTorch's habits meet, code written for either computes what it meant:
+  - requires_grad is tinygrad's tri-state: None (Tensor(...)'s default: a leaf gets a gradient when a backward
+    pass reaches it), True (always), False (never); requires_grad=False, detach(), buffers and no_grad() keep
+    PyTorch's meaning. backward() of a non-scalar seeds with ones (see backward).
+  - axis= (tinygrad) and dim= (PyTorch) are both accepted. x.max(axis) / x.max(axis=1) return the values, as in
+    tinygrad; x.max(dim=1) returns PyTorch's (values, indices): the keyword tells which habit the caller has.
+  - cat, stack and where take every tensor named, called as methods or on the class (a.stack(b), Tensor.stack(a, b),
+    Tensor.stack([a, b], 1)).
+  - Tensor.linear is tinygrad's (weight (in, out)); nn.functional.linear and nn.Linear are PyTorch's (out, in).
 """
 from __future__ import annotations
 import functools
 import math
 from contextlib import ContextDecorator
+from typing import NamedTuple
 import numpy as np
 from tinychad import function as F
 from tinychad.device import Device
@@ -184,11 +195,13 @@ class Tensor:
 
   @staticmethod
   def linspace(start: float, stop: float, steps: int, dtype=None, device=None, requires_grad=None) -> Tensor:
+    if steps < 0: raise ValueError(f"linspace: steps must not be negative, got {steps}")
     dtype = dtypes.from_any(dtype) if dtype is not None else dtypes.default_float
     return Tensor(np.linspace(start, stop, steps).astype(dtype.np), device=device, requires_grad=requires_grad)
 
   @staticmethod
   def eye(n: int, m: int | None = None, dtype=None, device=None, requires_grad=None) -> Tensor:
+    _check_shape((n,) if m is None else (n, m), "eye")
     dtype = dtypes.from_any(dtype) if dtype is not None else dtypes.default_float
     return Tensor(np.eye(n, m, dtype=dtype.np), device=device, requires_grad=requires_grad)
 
@@ -219,16 +232,19 @@ class Tensor:
   @staticmethod
   def randint(low: int, high: int | None = None, size=(), dtype=None, device=None) -> Tensor:
     if high is None: low, high = 0, low
+    _check_shape(argfix(size), "randint")
     return Tensor(Tensor._rng.integers(low, high, size=argfix(size)).astype((dtypes.from_any(dtype) if dtype else dtypes.int64).np), device=device)
 
   @staticmethod
   def uniform(*shape, low: float = 0.0, high: float = 1.0, dtype=None, device=None, requires_grad=None) -> Tensor:
     shape = argfix(*shape)
+    _check_shape(shape, "uniform")
     return Tensor._random(lambda: Tensor._rng.uniform(low, high, shape), dtype, device, requires_grad)
 
   @staticmethod
   def normal(*shape, mean: float = 0.0, std: float = 1.0, dtype=None, device=None, requires_grad=None) -> Tensor:
     shape = argfix(*shape)
+    _check_shape(shape, "normal")
     return Tensor._random(lambda: Tensor._rng.normal(mean, std, shape), dtype, device, requires_grad)
 
   @staticmethod
@@ -262,12 +278,18 @@ class Tensor:
     return order
 
   def backward(self, gradient: Tensor | None = None) -> Tensor:
-    """Accumulate d(self)/d(leaf) into each leaf's .grad (self must be a scalar unless `gradient` is given)."""
-    if gradient is None:
-      if self.numel() != 1: raise RuntimeError(f"backward: grad can be implicitly created only for scalar outputs, got shape {_shape_str(self.shape)}")
-      gradient = Tensor.ones(self.shape, dtype=self.dtype, device=self.device)
-    if self._ctx is None and not self.requires_grad:
-      raise RuntimeError("backward: this tensor does not require grad and has no graph (was it made under no_grad()?)")
+    """Accumulate d(self)/d(leaf) into each leaf's .grad whose requires_grad is not False.
+
+    requires_grad is tinygrad's tri-state: True (always gets a gradient), None (the default of Tensor(...): gets one
+    when this pass reaches it) or False (never: detach(), buffers, requires_grad=False, results made under no_grad()).
+    Without `gradient`, a non-scalar output is seeded with ones, i.e. backward() of self.sum(), as shrimpgrad and
+    tinygrad's early versions did (PyTorch raises): `x.dot(y).backward()` then gives x and y the gradients of the sum
+    of the product, the one reading of an unseeded backward that needs no choice from the user.
+    """
+    if gradient is None: gradient = Tensor.ones(self.shape, dtype=self.dtype, device=self.device)
+    if self._ctx is None and self.requires_grad is False:
+      raise RuntimeError("backward: this tensor does not require grad and has no graph (requires_grad=False, detached "
+                         "or made under no_grad())")
     if gradient.shape != self.shape: raise ValueError(f"backward: gradient shape {_shape_str(gradient.shape)} != tensor shape {_shape_str(self.shape)}")
     # each tensor's gradients from its users are collected, then added up (F.sum_gradients) when its turn comes
     grads: dict[int, list] = {id(self): [gradient.lazydata]}
@@ -343,6 +365,7 @@ class Tensor:
     if shape == self.shape: return self
     if len(shape) < self.ndim: raise ValueError(f"expand: shape {_shape_str(shape)} has fewer dims than tensor of shape {_shape_str(self.shape)}")
     padded = (1,) * (len(shape) - self.ndim) + self.shape
+    if any(s < -1 for s in shape): raise ValueError(f"expand: invalid shape {_shape_str(shape)} for tensor of shape {_shape_str(self.shape)}")
     new = tuple(p if s == -1 else s for s, p in zip(shape, padded))
     for p, s in zip(padded, new):
       if p != s and p != 1: raise ValueError(f"expand: cannot expand shape {_shape_str(self.shape)} to {_shape_str(shape)}")
@@ -409,8 +432,8 @@ class Tensor:
       if not 0 <= start <= end <= s: raise ValueError(f"shrink: window {arg} is out of bounds for shape {_shape_str(self.shape)}")
     return self if all(a == (0, s) for a, s in zip(arg, self.shape)) else F.Shrink.apply(self, arg=arg)
 
-  def flip(self, *dims) -> Tensor:
-    dims = self._axes(argfix(*dims), "flip")
+  def flip(self, *axes, dims=None) -> Tensor:
+    dims = self._axes(argfix(*axes) if dims is None else dims, "flip")
     flags = tuple(i in dims for i in range(self.ndim))
     return F.Flip.apply(self, axes=flags) if any(flags) else self
 
@@ -445,6 +468,7 @@ class Tensor:
   def repeat(self, *repeats) -> Tensor:
     repeats = argfix(*repeats)
     if len(repeats) < self.ndim: raise ValueError(f"repeat: {len(repeats)} repeats for tensor of shape {_shape_str(self.shape)}")
+    if any(r < 0 for r in repeats): raise ValueError(f"repeat: repeats {repeats} must not be negative (tensor of shape {_shape_str(self.shape)})")
     base = (1,) * (len(repeats) - self.ndim) + self.shape
     x = self.reshape(tuple(v for s in base for v in (1, s)))
     x = x.expand(tuple(v for r, s in zip(repeats, base) for v in (r, s)))
@@ -453,8 +477,9 @@ class Tensor:
   def contiguous(self) -> Tensor: return F.Contiguous.apply(self)
 
   def cat(self, *others: Tensor, dim: int = 0) -> Tensor:
-    """Tensor.cat(a, b, dim=d), a.cat(b, dim=d) or PyTorch's Tensor.cat([a, b], dim=d)."""
-    if isinstance(self, (list, tuple)): self, others = self[0], tuple(self[1:]) + others
+    """Tensor.cat(a, b, dim=d), a.cat(b, dim=d) (tinygrad's forms) or PyTorch's Tensor.cat([a, b], d): every tensor
+    named is included, `self` too."""
+    self, others, dim = _joined(self, others, dim, "cat")
     tensors = (self,) + others
     dim = self._axis(dim, "cat")
     for t in others:
@@ -477,11 +502,12 @@ class Tensor:
       start += size
     return out
 
-  @staticmethod
-  def stack(*tensors, dim: int = 0) -> Tensor:
-    tensors = tensors[0] if len(tensors) == 1 and isinstance(tensors[0], (list, tuple)) else tensors
-    first = tensors[0]
-    for t in tensors[1:]:
+  def stack(self, *others: Tensor, dim: int = 0) -> Tensor:
+    """Tensor.stack(a, b, dim=d), a.stack(b, dim=d) (tinygrad's forms) or PyTorch's Tensor.stack([a, b], d): a method,
+    not a staticmethod, so that `a.stack(b)` includes `a`."""
+    first, others, dim = _joined(self, others, dim, "stack")
+    tensors = (first,) + others
+    for t in others:
       if t.shape != first.shape: raise ValueError(f"stack: all tensors need the same shape, got {[_shape_str(x.shape) for x in tensors]}")
     dim = first._axis(dim, "stack", first.ndim + 1)
     return Tensor.cat(*[t.unsqueeze(dim) for t in tensors], dim=dim)
@@ -503,6 +529,8 @@ class Tensor:
 
   def chunk(self, chunks: int, dim: int = 0) -> list[Tensor]:
     dim = self._axis(dim, "chunk")
+    if not isinstance(chunks, (int, np.integer)) or chunks <= 0:
+      raise ValueError(f"chunk: chunks must be a positive int, got {chunks!r} (tensor of shape {_shape_str(self.shape)})")
     return self.split(max(1, math.ceil(self.shape[dim] / chunks)), dim)
 
   # ---- indexing ----
@@ -836,46 +864,63 @@ class Tensor:
     kept = tuple(s for i, s in enumerate(self.shape) if i not in axes)
     return out if kept == out.shape else F.Reshape.apply(out, shape=kept)
 
-  def sum(self, axis=None, keepdim: bool = False, dtype=None) -> Tensor:
+  def sum(self, axis=None, keepdim: bool = False, dtype=None, dim=None) -> Tensor:
+    if dim is not None: axis = dim
     x = self
     if dtype is not None: x = x.cast(dtype)
     elif not x.dtype.is_float: x = x.cast(dtypes.int64)
     return x._reduce(lambda t, axes: F.Sum.apply(t, axis=axes), axis, keepdim, "sum")
 
-  def max(self, axis=None, keepdim: bool = False) -> Tensor:
+  def max(self, axis=None, keepdim: bool = False, dim=None):
+    """The maximum over axis (tinygrad's form, positional or axis=: the values). With dim= (PyTorch's keyword) the
+    result is PyTorch's (values, indices) named tuple: the keyword says which framework's habit the caller has."""
+    if dim is not None: return self._values_indices(self.argmax(dim, keepdim=True), dim, keepdim)
     if axis is None and self.numel() == 0: raise ValueError("max: empty tensor with no axis to reduce over")
     for a in self._axes(axis, "max"):
       if self.ndim and self.shape[a] == 0: raise ValueError(f"max: cannot reduce over dim {a} of size 0 (shape {_shape_str(self.shape)})")
     return self._reduce(lambda t, axes: F.Max.apply(t, axis=axes), axis, keepdim, "max")
 
-  def min(self, axis=None, keepdim: bool = False) -> Tensor:
+  def min(self, axis=None, keepdim: bool = False, dim=None):
+    """As max: the values, or (values, indices) with dim=."""
+    if dim is not None: return self._values_indices(self.argmin(dim, keepdim=True), dim, keepdim)
     if self.dtype == dtypes.bool: return self.logical_not().max(axis, keepdim).logical_not()
     if self.dtype.is_unsigned:
       top = np.iinfo(self.dtype.np).max
       return top - (top - self).max(axis, keepdim)
     return -((-self).max(axis, keepdim))
 
-  def mean(self, axis=None, keepdim: bool = False, dtype=None) -> Tensor:
+  def _values_indices(self, indices: Tensor, dim: int, keepdim: bool) -> ValuesIndices:
+    """The values picked by indices (kept dim): gathered, so that, as in PyTorch, among tied maxima only the one at
+    the index gets the gradient (max() without dim shares it among them, as PyTorch's amax does)."""
+    if self.ndim == 0: return ValuesIndices(self, indices.reshape(()))
+    values = self.gather(dim, indices)
+    return ValuesIndices(values, indices) if keepdim else ValuesIndices(values.squeeze(dim), indices.squeeze(dim))
+
+  def mean(self, axis=None, keepdim: bool = False, dtype=None, dim=None) -> Tensor:
+    if dim is not None: axis = dim
     x = self.cast(dtype) if dtype is not None else self._float()
     total = x.sum(axis, keepdim)
     count = prod(s for i, s in enumerate(self.shape) if i in self._axes(axis, "mean"))
     return total / count if count else total * math.nan
 
-  def var(self, axis=None, keepdim: bool = False, correction: int = 1, unbiased: bool | None = None) -> Tensor:
+  def var(self, axis=None, keepdim: bool = False, correction: int = 1, unbiased: bool | None = None, dim=None) -> Tensor:
+    if dim is not None: axis = dim
     if unbiased is not None: correction = int(unbiased)
     x = self._float()
     centered = x - x.mean(axis, keepdim=True)
     count = prod(s for i, s in enumerate(self.shape) if i in self._axes(axis, "var"))
     return (centered * centered).sum(axis, keepdim) / max(0, count - correction)
 
-  def std(self, axis=None, keepdim: bool = False, correction: int = 1, unbiased: bool | None = None) -> Tensor:
+  def std(self, axis=None, keepdim: bool = False, correction: int = 1, unbiased: bool | None = None, dim=None) -> Tensor:
+    if dim is not None: axis = dim
     variance = self.var(axis, keepdim, correction, unbiased)
     # where the variance is 0 (constant input) PyTorch's gradient is 0, not 0 * inf = nan
     is_zero = (variance == 0).detach()
     return is_zero.where(0.0, is_zero.where(1.0, variance).sqrt())
 
-  def prod(self, axis=None, keepdim: bool = False) -> Tensor:
+  def prod(self, axis=None, keepdim: bool = False, dim=None) -> Tensor:
     """Product as exp(sum(log|x|)) with the sign and zeros tracked separately (differentiable)."""
+    if dim is not None: axis = dim
     x = self if self.dtype.is_float else self.cast(dtypes.int64)
     if not x.dtype.is_float:
       return x._prod_int(axis, keepdim)
@@ -896,7 +941,8 @@ class Tensor:
     if keepdim: return x
     return x.reshape(tuple(s for i, s in enumerate(self.shape) if i not in axes))
 
-  def logsumexp(self, axis=None, keepdim: bool = False) -> Tensor:
+  def logsumexp(self, axis=None, keepdim: bool = False, dim=None) -> Tensor:
+    if dim is not None: axis = dim
     x = self._float()
     axes = self._axes(axis, "logsumexp")
     if self.ndim and any(self.shape[a] == 0 for a in axes):
@@ -911,7 +957,8 @@ class Tensor:
   def _squeeze_axes(self, axes: tuple[int, ...]) -> Tensor:
     return self.reshape(tuple(s for i, s in enumerate(self.shape) if i not in axes))
 
-  def softmax(self, axis: int = -1, dtype=None) -> Tensor:
+  def softmax(self, axis: int = -1, dtype=None, dim: int | None = None) -> Tensor:
+    if dim is not None: axis = dim
     x = self.cast(dtype) if dtype is not None else self._float()
     shifted = x - x.max(axis, keepdim=True).detach()
     e = shifted.exp()
@@ -919,14 +966,16 @@ class Tensor:
     # softmax does: a vector division costs 10-16x a multiply
     return e * e.sum(axis, keepdim=True).reciprocal()
 
-  def log_softmax(self, axis: int = -1, dtype=None) -> Tensor:
+  def log_softmax(self, axis: int = -1, dtype=None, dim: int | None = None) -> Tensor:
+    if dim is not None: axis = dim
     x = self.cast(dtype) if dtype is not None else self._float()
     shifted = x - x.max(axis, keepdim=True).detach()
     return shifted - shifted.exp().sum(axis, keepdim=True).log()
   logsoftmax = log_softmax
 
-  def argmax(self, axis: int | None = None, keepdim: bool = False) -> Tensor:
+  def argmax(self, axis: int | None = None, keepdim: bool = False, dim: int | None = None) -> Tensor:
     """Index of the first maximum (as PyTorch), found with a max over reversed positions."""
+    if dim is not None: axis = dim
     if axis is None: return self.flatten().argmax(0)
     axis = self._axis(axis, "argmax")
     if self.ndim == 0: return Tensor.zeros((), dtype=dtypes.int64, device=self.device)
@@ -936,11 +985,13 @@ class Tensor:
     first = (is_max * countdown).max(axis, keepdim)
     return (size - first).cast(dtypes.int64)
 
-  def argmin(self, axis: int | None = None, keepdim: bool = False) -> Tensor:
+  def argmin(self, axis: int | None = None, keepdim: bool = False, dim: int | None = None) -> Tensor:
+    if dim is not None: axis = dim
     if self.dtype == dtypes.bool: return self.logical_not().argmax(axis, keepdim)
     return (-self if not self.dtype.is_unsigned else (np.iinfo(self.dtype.np).max - self)).argmax(axis, keepdim)
 
-  def cumsum(self, axis: int = 0) -> Tensor:
+  def cumsum(self, axis: int = 0, dim: int | None = None) -> Tensor:
+    if dim is not None: axis = dim
     axis = self._axis(axis, "cumsum")
     x = self.transpose(axis, -1) if self.ndim else self.reshape(1)
     out = x._running_sum()
@@ -975,8 +1026,12 @@ class Tensor:
   def tril(self, diagonal: int = 0) -> Tensor: return self._triangle_mask(diagonal, True).where(self, 0).cast(self.dtype)
   def triu(self, diagonal: int = 0) -> Tensor: return self._triangle_mask(diagonal, False).where(self, 0).cast(self.dtype)
 
-  def any(self, axis=None, keepdim: bool = False) -> Tensor: return self.bool().sum(axis, keepdim) > 0
-  def all(self, axis=None, keepdim: bool = False) -> Tensor: return self.bool().logical_not().any(axis, keepdim).logical_not()
+  def any(self, axis=None, keepdim: bool = False, dim=None) -> Tensor:
+    return self.bool().sum(axis if dim is None else dim, keepdim) > 0
+  def all(self, axis=None, keepdim: bool = False, dim=None) -> Tensor:
+    return self.bool().logical_not().any(axis if dim is None else dim, keepdim).logical_not()
+  def amax(self, dim=None, keepdim: bool = False) -> Tensor: return self.max(dim, keepdim)
+  def amin(self, dim=None, keepdim: bool = False) -> Tensor: return self.min(dim, keepdim)
 
   # ---- matmul family ----
   def dot(self, w: Tensor) -> Tensor:
@@ -1006,8 +1061,9 @@ class Tensor:
   matmul = dot
 
   def linear(self, weight: Tensor, bias: Tensor | None = None) -> Tensor:
-    """x @ weight.T + bias (PyTorch's layout: weight is (out, in))."""
-    out = self.matmul(weight.T)
+    """tinygrad's method: x @ weight + bias with weight (in, out), or x * weight for a 1-d weight, so tinygrad code
+    computes what it meant. PyTorch's layout (weight (out, in)) is nn.functional.linear, which nn.Linear uses."""
+    out = self * weight if weight.ndim == 1 else self.dot(weight)
     return out + bias if bias is not None else out
 
   @staticmethod
@@ -1032,9 +1088,11 @@ class Tensor:
     from tinychad.nn.functional import avg_pool
     return avg_pool(self, kernel_size, stride, padding, count_include_pad, 2)
 
-  def dropout(self, p: float = 0.5) -> Tensor:
+  def dropout(self, p: float = 0.5, training: bool | None = None) -> Tensor:
+    """Zero each element with probability p, scale the rest by 1/(1-p). training=None follows the global
+    Tensor.training (tinygrad's switch); nn.Dropout passes its module's own flag."""
     if not 0 <= p <= 1: raise ValueError(f"dropout: p must be in [0, 1], got {p}")
-    if not Tensor.training or p == 0: return self
+    if not (Tensor.training if training is None else training) or p == 0: return self
     if p == 1: return self * 0
     keep = Tensor.rand(self.shape, device=self.device) >= p
     return keep.where(self, 0) * (1 / (1 - p))
@@ -1128,6 +1186,18 @@ def _flatten_list(data) -> list:
   return out
 
 
+def _joined(first, others: tuple, dim, op: str) -> tuple[Tensor, tuple[Tensor, ...], int]:
+  """cat's and stack's arguments in all their forms -> (first tensor, the other tensors, dim): a list or tuple of
+  tensors as the first argument (PyTorch's form) may be followed by dim as a positional argument."""
+  if isinstance(first, (list, tuple)):
+    if len(others) == 1 and isinstance(others[0], (int, np.integer)): dim, others = others[0], ()
+    if not first: raise ValueError(f"{op}: expected a non-empty list of tensors")
+    first, others = first[0], tuple(first[1:]) + tuple(others)
+  for t in (first,) + others:
+    if not isinstance(t, Tensor): raise TypeError(f"{op}: expected tensors, got a {type(t).__name__}")
+  return first, others, dim
+
+
 def _check_shape(shape, op: str) -> None:
   for s in shape:
     if not isinstance(s, (int, np.integer)) or s < 0: raise ValueError(f"{op}: invalid shape {_shape_str(shape)}")
@@ -1162,6 +1232,12 @@ def _pad_pairs(padding, ndim: int, shape) -> tuple[tuple[int, int], ...]:
   for i in range(len(padding) // 2):
     pairs[ndim - 1 - i] = (int(padding[2 * i]), int(padding[2 * i + 1]))
   return tuple(pairs)
+
+
+class ValuesIndices(NamedTuple):
+  """PyTorch's result of max/min(dim=...): `values, indices = x.max(dim=1)` or `x.max(dim=1).values`."""
+  values: Tensor
+  indices: Tensor
 
 
 class no_grad(ContextDecorator):

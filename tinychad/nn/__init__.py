@@ -1,10 +1,11 @@
-"""Layers: plain Python classes whose Tensor attributes are the parameters (nn.state finds them by walking attributes).
+"""Layers: nn.Modules whose Parameter attributes are the parameters (nn.state finds them by walking attributes).
 
 in: Tensors  ->  out: Tensors. PyTorch's class names, argument names, weight shapes, attribute names and
 initialisation, so a PyTorch state_dict loads as is (see nn/state.py). Lists and dicts of layers are fine:
-their items are named `layers.0.weight` as in PyTorch.
-Train/eval is one global switch, Tensor.training (read by Dropout and BatchNorm); `model.train()` and
-`model.eval()` flip it, or use nn.train(model) / nn.eval(model) for a model that is a plain object.
+their items are named `layers.0.weight` as in PyTorch. Each layer's forward() does the work; `layer(x)` calls it.
+Train/eval is per module (nn/module.py has the rule and how it meets the global Tensor.training, which modules
+never switched follow); nn.train(model) / nn.eval(model) also work for a model that is a plain object.
+More layers with PyTorch's names (activations, pooling, reshaping, transformer) are in nn/layers.py.
 """
 from __future__ import annotations
 import math
@@ -13,10 +14,14 @@ import numpy as np
 from tinychad.dtype import dtypes
 from tinychad.helpers import prod
 from tinychad.tensor import Tensor
+from tinychad.nn import functional as F
+from tinychad.nn.module import Module, ModuleDict, ModuleList, Parameter
 
 
 def train(model: Any = None, mode: bool = True) -> Any:
-  """Switch dropout and batchnorm to training behaviour (or back with mode=False); returns the model."""
+  """Switch dropout and batchnorm to training behaviour (or back with mode=False); returns the model.
+  A Module is switched with its submodules (Module.train); the global Tensor.training is set in any case."""
+  if isinstance(model, Module): return model.train(mode)
   Tensor.training = mode
   return model
 
@@ -26,47 +31,28 @@ def eval(model: Any = None) -> Any:  # noqa: A001 -- PyTorch's name
   return train(model, False)
 
 
-class Module:
-  """Optional base: gives a layer or model PyTorch's train()/eval()/parameters()/state_dict() methods."""
-  def train(self, mode: bool = True): return train(self, mode)
-  def eval(self): return eval(self)
-
-  def parameters(self) -> list[Tensor]:
-    from tinychad.nn.state import get_parameters
-    return get_parameters(self)
-
-  def state_dict(self) -> dict[str, Tensor]:
-    from tinychad.nn.state import get_state_dict
-    return get_state_dict(self)
-
-  def load_state_dict(self, state_dict: dict, strict: bool = True):
-    from tinychad.nn.state import load_state_dict
-    return load_state_dict(self, state_dict, strict)
+def _check_sizes(layer: str, **sizes: int) -> None:
+  for name, size in sizes.items():
+    if not isinstance(size, int) or size <= 0: raise ValueError(f"{layer}: {name} must be a positive int, got {size!r}")
 
 
-def _uniform(*shape: int, bound: float) -> Tensor:
-  return Tensor.uniform(*shape, low=-bound, high=bound, requires_grad=True)
-
-
-def _buffer(value: Tensor) -> Tensor:
-  """A tensor that is saved in the state dict but never trained (running statistics)."""
-  return value.requires_grad_(False)
+def _uniform(*shape: int, bound: float) -> Parameter:
+  return Parameter(Tensor.uniform(*shape, low=-bound, high=bound))
 
 
 class Linear(Module):
   """y = x @ weight.T + bias, weight (out_features, in_features), PyTorch's uniform init."""
   def __init__(self, in_features: int, out_features: int, bias: bool = True):
+    _check_sizes("Linear", in_features=in_features, out_features=out_features)
     bound = 1 / math.sqrt(in_features)
     self.weight = _uniform(out_features, in_features, bound=bound)
     self.bias = _uniform(out_features, bound=bound) if bias else None
 
-  def __call__(self, x: Tensor) -> Tensor:
+  def forward(self, x: Tensor) -> Tensor:
     if x.shape[-1] != self.weight.shape[1]:
       raise ValueError(f"Linear: input of shape {tuple(x.shape)} has {x.shape[-1]} features, the layer expects {self.weight.shape[1]}")
-    return x.linear(self.weight, self.bias)
+    return F.linear(x, self.weight, self.bias)
 
-  # the seed called the layer's forward directly
-  forward = __call__
 
 
 class _ConvNd(Module):
@@ -76,9 +62,11 @@ class _ConvNd(Module):
 
   def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0, dilation=1,
                groups: int = 1, bias: bool = True):
+    _check_sizes(type(self).__name__, in_channels=in_channels, out_channels=out_channels, groups=groups)
     if in_channels % groups or out_channels % groups:
       raise ValueError(f"{type(self).__name__}: in_channels {in_channels} and out_channels {out_channels} must divide by groups {groups}")
     self.kernel_size = (kernel_size,) * self.n if isinstance(kernel_size, int) else tuple(kernel_size)
+    _check_sizes(type(self).__name__, **{f"kernel_size[{i}]": k for i, k in enumerate(self.kernel_size)})
     self.stride, self.padding, self.dilation, self.groups = stride, padding, dilation, groups
     bound = 1 / math.sqrt(in_channels // groups * prod(self.kernel_size))
     self.weight = _uniform(out_channels, in_channels // groups, *self.kernel_size, bound=bound)
@@ -88,14 +76,14 @@ class _ConvNd(Module):
 class Conv1d(_ConvNd):
   """(N, C_in, L) -> (N, C_out, L_out)."""
   n = 1
-  def __call__(self, x: Tensor) -> Tensor:
+  def forward(self, x: Tensor) -> Tensor:
     return x.conv1d(self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
 
 
 class Conv2d(_ConvNd):
   """(N, C_in, H, W) -> (N, C_out, H_out, W_out)."""
   n = 2
-  def __call__(self, x: Tensor) -> Tensor:
+  def forward(self, x: Tensor) -> Tensor:
     return x.conv2d(self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
 
 
@@ -110,7 +98,7 @@ class ConvTranspose2d(Module):
     self.weight = _uniform(in_channels, out_channels // groups, *self.kernel_size, bound=bound)
     self.bias = _uniform(out_channels, bound=bound) if bias else None
 
-  def __call__(self, x: Tensor) -> Tensor:
+  def forward(self, x: Tensor) -> Tensor:
     return x.conv_transpose2d(self.weight, self.bias, self.stride, self.padding, self.output_padding, self.groups, self.dilation)
 
 
@@ -123,24 +111,24 @@ class _BatchNorm(Module):
   def __init__(self, num_features: int, eps: float = 1e-5, momentum: float | None = 0.1, affine: bool = True,
                track_running_stats: bool = True):
     self.num_features, self.eps, self.momentum, self.track_running_stats = num_features, eps, momentum, track_running_stats
-    self.weight = Tensor.ones(num_features, requires_grad=True) if affine else None
-    self.bias = Tensor.zeros(num_features, requires_grad=True) if affine else None
+    self.weight = Parameter(Tensor.ones(num_features)) if affine else None
+    self.bias = Parameter(Tensor.zeros(num_features)) if affine else None
     if track_running_stats:
-      self.running_mean = _buffer(Tensor.zeros(num_features))
-      self.running_var = _buffer(Tensor.ones(num_features))
-      self.num_batches_tracked = _buffer(Tensor.zeros((), dtype=dtypes.int64))
+      self.register_buffer("running_mean", Tensor.zeros(num_features))
+      self.register_buffer("running_var", Tensor.ones(num_features))
+      self.register_buffer("num_batches_tracked", Tensor.zeros((), dtype=dtypes.int64))
 
   ndims: tuple[int, ...] = ()  # the input ranks each subclass accepts
 
-  def __call__(self, x: Tensor) -> Tensor:
+  def forward(self, x: Tensor) -> Tensor:
     if x.ndim not in self.ndims: raise ValueError(f"{type(self).__name__}: expected a {' or '.join(map(str, self.ndims))}-d input, got shape {tuple(x.shape)}")
     if x.shape[1] != self.num_features:
       raise ValueError(f"{type(self).__name__}: input {tuple(x.shape)} has {x.shape[1]} channels, expected {self.num_features}")
-    if Tensor.training or not self.track_running_stats:
+    if self.training or not self.track_running_stats:
       axes = tuple(i for i in range(x.ndim) if i != 1)
       mean = x.mean(axes)
       var = (x - mean.reshape((1, -1) + (1,) * (x.ndim - 2))).square().mean(axes)
-      if Tensor.training and self.track_running_stats: self._update_running(mean.detach(), var.detach(), x.numel() // x.shape[1])
+      if self.training and self.track_running_stats: self._update_running(mean.detach(), var.detach(), x.numel() // x.shape[1])
     else:
       mean, var = self.running_mean, self.running_var
     return x.batchnorm(self.weight, self.bias, mean, (var + self.eps).rsqrt())
@@ -173,10 +161,10 @@ class LayerNorm(Module):
   """Normalise over the last len(normalized_shape) dims, then scale by weight and shift by bias."""
   def __init__(self, normalized_shape, eps: float = 1e-5, elementwise_affine: bool = True, bias: bool = True):
     self.normalized_shape, self.eps = _normalized_shape(normalized_shape), eps
-    self.weight = Tensor.ones(*self.normalized_shape, requires_grad=True) if elementwise_affine else None
-    self.bias = Tensor.zeros(*self.normalized_shape, requires_grad=True) if elementwise_affine and bias else None
+    self.weight = Parameter(Tensor.ones(*self.normalized_shape)) if elementwise_affine else None
+    self.bias = Parameter(Tensor.zeros(*self.normalized_shape)) if elementwise_affine and bias else None
 
-  def __call__(self, x: Tensor) -> Tensor:
+  def forward(self, x: Tensor) -> Tensor:
     n = len(self.normalized_shape)
     if x.shape[-n:] != self.normalized_shape:
       raise ValueError(f"LayerNorm: input {tuple(x.shape)} does not end in normalized_shape {self.normalized_shape}")
@@ -188,12 +176,13 @@ class LayerNorm(Module):
 class GroupNorm(Module):
   """Split the channels (dim 1) into num_groups groups and normalise each group over its channels and positions."""
   def __init__(self, num_groups: int, num_channels: int, eps: float = 1e-5, affine: bool = True):
+    _check_sizes("GroupNorm", num_groups=num_groups, num_channels=num_channels)
     if num_channels % num_groups: raise ValueError(f"GroupNorm: num_channels {num_channels} must divide by num_groups {num_groups}")
     self.num_groups, self.num_channels, self.eps = num_groups, num_channels, eps
-    self.weight = Tensor.ones(num_channels, requires_grad=True) if affine else None
-    self.bias = Tensor.zeros(num_channels, requires_grad=True) if affine else None
+    self.weight = Parameter(Tensor.ones(num_channels)) if affine else None
+    self.bias = Parameter(Tensor.zeros(num_channels)) if affine else None
 
-  def __call__(self, x: Tensor) -> Tensor:
+  def forward(self, x: Tensor) -> Tensor:
     if x.ndim < 2 or x.shape[1] != self.num_channels:
       raise ValueError(f"GroupNorm: input {tuple(x.shape)} should have {self.num_channels} channels in dim 1")
     x = x.reshape(x.shape[0], self.num_groups, -1).layernorm(-1, self.eps).reshape(x.shape)
@@ -206,9 +195,9 @@ class RMSNorm(Module):
   """x / sqrt(mean(x^2) + eps) * weight over the last dims; eps=None means the dtype's machine epsilon, as PyTorch."""
   def __init__(self, normalized_shape, eps: float | None = None, elementwise_affine: bool = True):
     self.normalized_shape, self.eps = _normalized_shape(normalized_shape), eps
-    self.weight = Tensor.ones(*self.normalized_shape, requires_grad=True) if elementwise_affine else None
+    self.weight = Parameter(Tensor.ones(*self.normalized_shape)) if elementwise_affine else None
 
-  def __call__(self, x: Tensor) -> Tensor:
+  def forward(self, x: Tensor) -> Tensor:
     axes = tuple(range(-len(self.normalized_shape), 0))
     eps = self.eps if self.eps is not None else float(np.finfo(x.dtype.np).eps)
     x = x * (x.square().mean(axes, keepdim=True) + eps).rsqrt()
@@ -219,12 +208,12 @@ class Embedding(Module):
   """Integer indices of any shape -> their rows of weight (num_embeddings, embedding_dim), init N(0, 1)."""
   def __init__(self, num_embeddings: int, embedding_dim: int, padding_idx: int | None = None):
     self.num_embeddings, self.embedding_dim, self.padding_idx = num_embeddings, embedding_dim, padding_idx
-    self.weight = Tensor.randn(num_embeddings, embedding_dim, requires_grad=True)
+    self.weight = Parameter(Tensor.randn(num_embeddings, embedding_dim))
     if padding_idx is not None:
-      # PyTorch zeroes the padding row at init (it also keeps its gradient at zero: see __call__)
+      # PyTorch zeroes the padding row at init (it also keeps its gradient at zero: see forward)
       self.weight.assign((Tensor.arange(num_embeddings).reshape(-1, 1) != padding_idx).where(self.weight, 0)).realize()
 
-  def __call__(self, idx: Tensor) -> Tensor:
+  def forward(self, idx: Tensor) -> Tensor:
     if idx.dtype.is_float: raise TypeError(f"Embedding: indices must be integers, got {idx.dtype}")
     out = self.weight[idx]
     if self.padding_idx is None: return out
@@ -232,12 +221,12 @@ class Embedding(Module):
 
 
 class Dropout(Module):
-  """Zero each element with probability p while Tensor.training, scaling the rest by 1/(1-p)."""
+  """Zero each element with probability p while the module is training, scaling the rest by 1/(1-p)."""
   def __init__(self, p: float = 0.5):
     if not 0 <= p <= 1: raise ValueError(f"Dropout: p must be in [0, 1], got {p}")
     self.p = p
 
-  def __call__(self, x: Tensor) -> Tensor: return x.dropout(self.p)
+  def forward(self, x: Tensor) -> Tensor: return x.dropout(self.p, self.training)
 
 
 class LSTMCell(Module):
@@ -251,7 +240,7 @@ class LSTMCell(Module):
     self.bias_ih = _uniform(4 * hidden_size, bound=bound) if bias else None
     self.bias_hh = _uniform(4 * hidden_size, bound=bound) if bias else None
 
-  def __call__(self, x: Tensor, hx: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor]:
+  def forward(self, x: Tensor, hx: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor]:
     unbatched = x.ndim == 1
     if unbatched: x = x.unsqueeze(0)
     if hx is None: hx = (Tensor.zeros(x.shape[0], self.hidden_size), Tensor.zeros(x.shape[0], self.hidden_size))
@@ -262,7 +251,7 @@ class LSTMCell(Module):
 
 def _lstm_step(x: Tensor, h: Tensor, c: Tensor, w_ih: Tensor, w_hh: Tensor, b_ih: Tensor | None,
                b_hh: Tensor | None) -> tuple[Tensor, Tensor]:
-  gates = x.linear(w_ih, b_ih) + h.linear(w_hh, b_hh)
+  gates = F.linear(x, w_ih, b_ih) + F.linear(h, w_hh, b_hh)
   i, f, g, o = gates.chunk(4, dim=1)
   c = f.sigmoid() * c + i.sigmoid() * g.tanh()
   return o.sigmoid() * c.tanh(), c
@@ -294,7 +283,7 @@ class LSTM(Module):
     return (getattr(self, f"weight_ih_{name}"), getattr(self, f"weight_hh_{name}"),
             getattr(self, f"bias_ih_{name}", None), getattr(self, f"bias_hh_{name}", None))
 
-  def __call__(self, x: Tensor, hx: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+  def forward(self, x: Tensor, hx: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, tuple[Tensor, Tensor]]:
     unbatched = x.ndim == 2
     if unbatched: x = x.unsqueeze(1)
     elif self.batch_first: x = x.transpose(0, 1)
@@ -318,7 +307,7 @@ class LSTM(Module):
         h_n.append(h)
         c_n.append(c)
       x = outputs[0] if directions == 1 else outputs[0].cat(outputs[1], dim=-1)
-      if self.dropout and layer < self.num_layers - 1: x = x.dropout(self.dropout)
+      if self.dropout and layer < self.num_layers - 1: x = x.dropout(self.dropout, self.training)
     h_n_t, c_n_t = Tensor.stack(*h_n), Tensor.stack(*c_n)
     if unbatched: return x.squeeze(1), (h_n_t.squeeze(1), c_n_t.squeeze(1))
     return (x.transpose(0, 1) if self.batch_first else x), (h_n_t, c_n_t)
@@ -333,14 +322,15 @@ class MultiheadAttention(Module):
   key_padding_mask (N, S): True marks padding keys.
   """
   def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0, bias: bool = True, batch_first: bool = False):
+    _check_sizes("MultiheadAttention", embed_dim=embed_dim, num_heads=num_heads)
     if embed_dim % num_heads: raise ValueError(f"MultiheadAttention: embed_dim {embed_dim} must divide by num_heads {num_heads}")
     self.embed_dim, self.num_heads, self.dropout, self.batch_first = embed_dim, num_heads, dropout, batch_first
-    self.in_proj_weight = Tensor.glorot_uniform(3 * embed_dim, embed_dim, requires_grad=True)
-    self.in_proj_bias = Tensor.zeros(3 * embed_dim, requires_grad=True) if bias else None
+    self.in_proj_weight = Parameter(Tensor.glorot_uniform(3 * embed_dim, embed_dim))
+    self.in_proj_bias = Parameter(Tensor.zeros(3 * embed_dim)) if bias else None
     self.out_proj = Linear(embed_dim, embed_dim, bias=bias)
-    if bias: self.out_proj.bias = Tensor.zeros(embed_dim, requires_grad=True)
+    if bias: self.out_proj.bias = Parameter(Tensor.zeros(embed_dim))
 
-  def __call__(self, query: Tensor, key: Tensor, value: Tensor, key_padding_mask: Tensor | None = None,
+  def forward(self, query: Tensor, key: Tensor, value: Tensor, key_padding_mask: Tensor | None = None,
                need_weights: bool = True, attn_mask: Tensor | None = None, average_attn_weights: bool = True,
                is_causal: bool = False) -> tuple[Tensor, Tensor | None]:
     unbatched = query.ndim == 2
@@ -351,7 +341,7 @@ class MultiheadAttention(Module):
     bq, bk, bv = self.in_proj_bias.chunk(3) if self.in_proj_bias is not None else (None, None, None)
 
     def heads(x: Tensor, w: Tensor, b: Tensor | None, length: int) -> Tensor:  # (len, N, E) -> (N, H, len, E/H)
-      return x.linear(w, b).reshape(length, N, H, E // H).permute(1, 2, 0, 3)
+      return F.linear(x, w, b).reshape(length, N, H, E // H).permute(1, 2, 0, 3)
     q, k, v = heads(query, wq, bq, L), heads(key, wk, bk, S), heads(value, wv, bv, S)
     scores = (q @ k.transpose(-1, -2)) * (1 / math.sqrt(E // H))
     if is_causal and attn_mask is None: attn_mask = Tensor.ones(L, S, dtype=dtypes.bool, device=query.device).triu(1)
@@ -362,7 +352,7 @@ class MultiheadAttention(Module):
       padding = key_padding_mask.reshape(N, 1, 1, S)
       scores = padding.where(-math.inf, scores) if padding.dtype == dtypes.bool else scores + padding
     weights = scores.softmax(-1)
-    attended = weights.dropout(self.dropout) @ v                                 # (N, H, L, E/H)
+    attended = weights.dropout(self.dropout, self.training) @ v                                # (N, H, L, E/H)
     out = self.out_proj(attended.permute(2, 0, 1, 3).reshape(L, N, E))
     if unbatched: out = out.squeeze(1)
     elif self.batch_first: out = out.transpose(0, 1)
@@ -372,10 +362,16 @@ class MultiheadAttention(Module):
 
 
 class Sequential(Module, list):
-  """Layers (or any callables) applied in order. A list, so its parameters are named `0.weight`, `1.bias`, ..."""
+  """Layers (or any callables) applied in order. A list, so its parameters are named `0.weight`, `1.bias`, ...
+  (PyTorch's Sequential(OrderedDict(...)) form is not supported)."""
   def __init__(self, *layers):
     list.__init__(self, layers)
 
-  def __call__(self, x: Tensor) -> Tensor:
+  def forward(self, x: Tensor) -> Tensor:
     for layer in self: x = layer(x)
     return x
+
+
+from tinychad.nn.layers import (AdaptiveAvgPool2d, AvgPool2d, ConvTranspose1d, Flatten, GELU, Identity, LeakyReLU,  # noqa: E402
+                                LogSoftmax, MaxPool2d, PixelShuffle, ReLU, Sigmoid, SiLU, Softmax, Tanh,
+                                TransformerEncoder, TransformerEncoderLayer, Unflatten, Upsample)

@@ -1,6 +1,6 @@
 """Optimizers: they read each parameter's .grad and assign its new value; and gradient clipping.
 
-in: a list of Tensors with requires_grad  ->  out: the same Tensors, updated in place by step().
+in: a list of Tensors with requires_grad, or of parameter groups  ->  out: the same Tensors, updated in place by step().
 The update rules are PyTorch's (torch.optim), step for step. Anything that changes between steps (the
 learning rate a scheduler sets, Adam's bias corrections) lives in a Tensor, not in a Python number: numbers
 are compiled into the kernels as constants, so a changing number would compile new kernels every step.
@@ -13,55 +13,123 @@ from tinychad.tensor import Tensor
 
 
 class Optimizer:
-  def __init__(self, params: list[Tensor], lr: float):
-    # frozen tensors (requires_grad=False) are skipped, so freezing a trunk is just a flag
-    self.params = [p for p in params if p.requires_grad is not False]
-    for p in self.params: p.requires_grad = True
+  """Parameters come as a list of tensors or, as in PyTorch, a list of parameter groups: dicts with "params" and
+  their own settings (lr, weight_decay, ...), the optimizer's arguments filling in the rest (nanoGPT's decay and
+  no-decay groups). `param_groups[i]["lr"] = x` takes effect at the next step; `opt.lr` (what the schedulers set)
+  reads group 0's lr, and setting it moves every group's lr by the same factor, keeping their ratios."""
+  def __init__(self, params, **defaults):
+    params = list(params)
+    groups = params if params and isinstance(params[0], dict) else [{"params": params}]
+    self.defaults, self.param_groups = defaults, []
+    for group in groups:
+      if "params" not in group: raise ValueError(f"{type(self).__name__}: a parameter group needs 'params', got keys {sorted(group)}")
+      unknown = sorted(set(group) - set(defaults) - {"params"})
+      if unknown: raise ValueError(f"{type(self).__name__}: unknown settings {unknown} in a parameter group (known: {sorted(defaults)})")
+      tensors = [group["params"]] if isinstance(group["params"], Tensor) else list(group["params"])
+      # frozen tensors (requires_grad=False) are skipped, so freezing a trunk is just a flag
+      self.param_groups.append({**defaults, **group, "params": [p for p in tensors if p.requires_grad is not False]})
+    self.params = [p for group in self.param_groups for p in group["params"]]
     if not self.params: raise ValueError(f"{type(self).__name__}: got no parameters to optimize")
-    if lr < 0: raise ValueError(f"{type(self).__name__}: invalid learning rate {lr}")
-    self._lr = self._scalar(lr)
+    if len({id(p) for p in self.params}) != len(self.params): raise ValueError(f"{type(self).__name__}: a parameter appears twice")
+    for group in self.param_groups:
+      if group["lr"] < 0: raise ValueError(f"{type(self).__name__}: invalid learning rate {group['lr']}")
+    for p in self.params: p.requires_grad = True
+    self.groups = [group for group in self.param_groups for _ in group["params"]]   # each parameter's group
+    self._lrs = {id(group): self._scalar(group["lr"]) for group in self.param_groups}
+    self._lr_set = {id(group): group["lr"] for group in self.param_groups}
 
   def _scalar(self, value: float) -> Tensor:
-    """A 0-d float tensor in a buffer on the parameters' device (a buffer, not a constant: see the module doc)."""
-    return Tensor(np.array(value, dtype=np.float32), device=self.params[0].device)
+    """A 0-d float64 tensor in a buffer on the parameters' device (a buffer, not a constant: see the module doc).
+    float64 as Python's own float: a float64 parameter steps by exactly lr, and a 0-d tensor takes the dtype of the
+    parameter it multiplies (float32 for float32 parameters, rounded once, as PyTorch rounds its Python float lr)."""
+    return Tensor(np.array(value, dtype=np.float64), device=self.params[0].device, requires_grad=False)
 
   @property
-  def lr(self) -> float: return float(self._lr.item())
+  def lr(self) -> float: return float(self.param_groups[0]["lr"])
 
   @lr.setter
-  def lr(self, value: float) -> None: self._lr.assign(self._scalar(value))
+  def lr(self, value: float) -> None:
+    # assigned now, outside the step: a TinyJit replaying the step runs none of its Python, only its kernels
+    first = self.param_groups[0]["lr"]
+    for group in self.param_groups:
+      group["lr"] = value if group["lr"] == first else group["lr"] * value / first
+      self._lr(group)
+
+  def _lr(self, group: dict) -> Tensor:
+    """The group's lr tensor, updated (an assign, not a new kernel) when its lr was changed since the last step.
+    A `param_groups[i]["lr"] = x` is seen at the next step() that runs its Python: not by a TinyJit replay, which
+    sees opt.lr = x (what the schedulers set) instead."""
+    lr = self._lrs[id(group)]
+    if self._lr_set[id(group)] != group["lr"]:
+      lr.assign(self._scalar(group["lr"]))
+      self._lr_set[id(group)] = group["lr"]
+    return lr
 
   def zero_grad(self) -> None:
     for p in self.params: p.grad = None
 
-  def _grads(self, weight_decay: float = 0.0):
-    """(index, parameter, gradient) for each parameter that has a gradient, with L2 weight decay folded in."""
+  def _grads(self, weight_decay: str | None = "weight_decay"):
+    """(index, parameter, gradient, group) for each parameter that has a gradient, with the group's L2 weight decay
+    folded in (none when weight_decay is None)."""
     for i, p in enumerate(self.params):
       if p.grad is None: continue
-      g = p.grad.detach()
-      yield i, p, (g + weight_decay * p.detach() if weight_decay else g)
+      g, group = p.grad.detach(), self.groups[i]
+      decay = group[weight_decay] if weight_decay else 0.0
+      yield i, p, (g + decay * p.detach() if decay else g), group
+
+  def _state(self) -> dict[str, list[Tensor | None]]:
+    """The optimizer's per-parameter state tensors by name (subclasses list theirs)."""
+    return {}
+
+  def state_dict(self) -> dict:
+    """{"state": {name: [tensor per parameter]}, "param_groups": [settings without the tensors]}, for resuming."""
+    return {"state": {name: [None if t is None else t.detach() for t in tensors] for name, tensors in self._state().items()},
+            "param_groups": [{k: v for k, v in group.items() if k != "params"} for group in self.param_groups]}
+
+  def load_state_dict(self, state_dict: dict) -> None:
+    groups = state_dict["param_groups"]
+    if len(groups) != len(self.param_groups): raise ValueError(f"{type(self).__name__}.load_state_dict: {len(groups)} groups, expected {len(self.param_groups)}")
+    for group, saved in zip(self.param_groups, groups): group.update(saved)
+    own = self._state()
+    for name, tensors in state_dict["state"].items():
+      if name not in own or len(own[name]) != len(tensors):
+        raise ValueError(f"{type(self).__name__}.load_state_dict: state {name!r} does not fit this optimizer")
+      for i, value in enumerate(tensors):
+        if value is None: continue
+        if own[name][i] is None: own[name][i] = value.detach().contiguous()
+        else: own[name][i].assign(value.detach().cast(own[name][i].dtype))
+    self._realize(*[t for tensors in own.values() for t in tensors if t is not None])
 
   def _realize(self, *extra: Tensor) -> None:
     Tensor.realize(*self.params, *extra)
 
 
+def _zeros_like(params: list[Tensor]) -> list[Tensor]:
+  return [Tensor.zeros(p.shape, dtype=p.dtype, device=p.device).contiguous() for p in params]
+
+
 class SGD(Optimizer):
   """PyTorch's SGD: v = momentum*v + (1-dampening)*g (v = g on the first step); step along g + momentum*v if nesterov else v."""
-  def __init__(self, params: list[Tensor], lr: float = 0.001, momentum: float = 0.0, weight_decay: float = 0.0,
+  def __init__(self, params, lr: float = 0.001, momentum: float = 0.0, weight_decay: float = 0.0,
                dampening: float = 0.0, nesterov: bool = False):
-    super().__init__(params, lr)
-    if nesterov and (momentum <= 0 or dampening != 0): raise ValueError("SGD: nesterov needs momentum > 0 and dampening 0")
+    super().__init__(params, lr=lr, momentum=momentum, weight_decay=weight_decay, dampening=dampening, nesterov=nesterov)
+    for group in self.param_groups:
+      if group["nesterov"] and (group["momentum"] <= 0 or group["dampening"] != 0):
+        raise ValueError("SGD: nesterov needs momentum > 0 and dampening 0")
     self.momentum, self.weight_decay, self.dampening, self.nesterov = momentum, weight_decay, dampening, nesterov
     self.velocity: list[Tensor | None] = [None] * len(self.params)
 
+  def _state(self) -> dict[str, list[Tensor | None]]: return {"velocity": self.velocity}
+
   def step(self) -> None:
-    for i, p, g in self._grads(self.weight_decay):
-      if self.momentum:
+    for i, p, g, group in self._grads():
+      momentum = group["momentum"]
+      if momentum:
         v = self.velocity[i]
         if v is None: v = self.velocity[i] = g.contiguous()
-        else: v.assign(self.momentum * v + (1 - self.dampening) * g)
-        g = g + self.momentum * v if self.nesterov else v
-      p.assign(p.detach() - self._lr * g)
+        else: v.assign(momentum * v + (1 - group["dampening"]) * g)
+        g = g + momentum * v if group["nesterov"] else v
+      p.assign(p.detach() - self._lr(group) * g)
     self._realize(*[v for v in self.velocity if v is not None])
 
 
@@ -70,34 +138,40 @@ class Adam(Optimizer):
   weight_decay is L2 (added to the gradient); AdamW decouples it."""
   decoupled = False
 
-  def __init__(self, params: list[Tensor], lr: float = 0.001, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
+  def __init__(self, params, lr: float = 0.001, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
                weight_decay: float = 0.0):
-    super().__init__(params, lr)
-    if not (0 <= betas[0] < 1 and 0 <= betas[1] < 1): raise ValueError(f"{type(self).__name__}: invalid betas {betas}")
+    super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+    for group in self.param_groups:
+      b1, b2 = group["betas"]
+      if not (0 <= b1 < 1 and 0 <= b2 < 1): raise ValueError(f"{type(self).__name__}: invalid betas {group['betas']}")
     self.betas, self.eps, self.weight_decay = betas, eps, weight_decay
-    self.m = [Tensor.zeros(p.shape, dtype=p.dtype, device=p.device).contiguous() for p in self.params]
-    self.v = [Tensor.zeros(p.shape, dtype=p.dtype, device=p.device).contiguous() for p in self.params]
-    # beta1**t and beta2**t, kept as tensors and multiplied once per step
-    self.b1_t, self.b2_t = self._scalar(1.0), self._scalar(1.0)
+    self.m, self.v = _zeros_like(self.params), _zeros_like(self.params)
+    # beta1**t and beta2**t of each group, kept as tensors and multiplied once per step
+    self.powers = [self._scalar(1.0) for _ in range(2 * len(self.param_groups))]
+    self.b1_t, self.b2_t = self.powers[0], self.powers[1]
+
+  def _state(self) -> dict[str, list[Tensor | None]]: return {"m": self.m, "v": self.v, "powers": self.powers}
 
   def step(self) -> None:
-    b1, b2 = self.betas
-    self.b1_t.assign(self.b1_t * b1)
-    self.b2_t.assign(self.b2_t * b2)
-    for i, p, g in self._grads(0.0 if self.decoupled else self.weight_decay):
-      if self.decoupled and self.weight_decay: p.assign(p.detach() * (1 - self._lr * self.weight_decay))
+    index = {id(group): k for k, group in enumerate(self.param_groups)}
+    for k, group in enumerate(self.param_groups):
+      for power, beta in zip(self.powers[2 * k:2 * k + 2], group["betas"]): power.assign(power * beta)
+    for i, p, g, group in self._grads(None if self.decoupled else "weight_decay"):
+      (b1, b2), lr, k = group["betas"], self._lr(group), index[id(group)]
+      b1_t, b2_t = self.powers[2 * k], self.powers[2 * k + 1]
+      if self.decoupled and group["weight_decay"]: p.assign(p.detach() * (1 - lr * group["weight_decay"]))
       self.m[i].assign(b1 * self.m[i] + (1 - b1) * g)
       self.v[i].assign(b2 * self.v[i] + (1 - b2) * g * g)
-      denom = self.v[i].sqrt() / (1 - self.b2_t).sqrt() + self.eps
-      p.assign(p.detach() - (self._lr / (1 - self.b1_t)) * self.m[i] / denom)
-    self._realize(*self.m, *self.v, self.b1_t, self.b2_t)
+      denom = self.v[i].sqrt() / (1 - b2_t).sqrt() + group["eps"]
+      p.assign(p.detach() - (lr / (1 - b1_t)) * self.m[i] / denom)
+    self._realize(*self.m, *self.v, *self.powers)
 
 
 class AdamW(Adam):
   """Adam with decoupled weight decay: p *= 1 - lr*weight_decay before the Adam step (PyTorch's default 0.01)."""
   decoupled = True
 
-  def __init__(self, params: list[Tensor], lr: float = 0.001, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
+  def __init__(self, params, lr: float = 0.001, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
                weight_decay: float = 0.01):
     super().__init__(params, lr, betas, eps, weight_decay)
 
@@ -105,28 +179,31 @@ class AdamW(Adam):
 class RMSprop(Optimizer):
   """PyTorch's RMSprop: s = alpha*s + (1-alpha)*g^2; p -= lr * g / (sqrt(s) + eps), with optional momentum buffer
   and `centered` (divide by the estimated standard deviation: s - mean(g)^2)."""
-  def __init__(self, params: list[Tensor], lr: float = 0.01, alpha: float = 0.99, eps: float = 1e-8, weight_decay: float = 0.0,
+  def __init__(self, params, lr: float = 0.01, alpha: float = 0.99, eps: float = 1e-8, weight_decay: float = 0.0,
                momentum: float = 0.0, centered: bool = False):
-    super().__init__(params, lr)
+    super().__init__(params, lr=lr, alpha=alpha, eps=eps, weight_decay=weight_decay, momentum=momentum, centered=centered)
     self.alpha, self.eps, self.weight_decay, self.momentum, self.centered = alpha, eps, weight_decay, momentum, centered
-    zeros = lambda: [Tensor.zeros(p.shape, dtype=p.dtype, device=p.device).contiguous() for p in self.params]  # noqa: E731
-    self.square_avg = zeros()
-    self.grad_avg = zeros() if centered else []
-    self.momentum_buffer = zeros() if momentum else []
+    self.square_avg = _zeros_like(self.params)
+    self.grad_avg = _zeros_like(self.params) if any(g["centered"] for g in self.param_groups) else []
+    self.momentum_buffer = _zeros_like(self.params) if any(g["momentum"] for g in self.param_groups) else []
+
+  def _state(self) -> dict[str, list[Tensor | None]]:
+    return {"square_avg": self.square_avg, "grad_avg": self.grad_avg, "momentum_buffer": self.momentum_buffer}
 
   def step(self) -> None:
-    for i, p, g in self._grads(self.weight_decay):
-      s = self.square_avg[i].assign(self.alpha * self.square_avg[i] + (1 - self.alpha) * g * g)
-      if self.centered:
-        mean = self.grad_avg[i].assign(self.alpha * self.grad_avg[i] + (1 - self.alpha) * g)
-        avg = (s - mean * mean).sqrt() + self.eps
+    for i, p, g, group in self._grads():
+      alpha, momentum, lr = group["alpha"], group["momentum"], self._lr(group)
+      s = self.square_avg[i].assign(alpha * self.square_avg[i] + (1 - alpha) * g * g)
+      if group["centered"]:
+        mean = self.grad_avg[i].assign(alpha * self.grad_avg[i] + (1 - alpha) * g)
+        avg = (s - mean * mean).sqrt() + group["eps"]
       else:
-        avg = s.sqrt() + self.eps
-      if self.momentum:
-        buf = self.momentum_buffer[i].assign(self.momentum * self.momentum_buffer[i] + g / avg)
-        p.assign(p.detach() - self._lr * buf)
+        avg = s.sqrt() + group["eps"]
+      if momentum:
+        buf = self.momentum_buffer[i].assign(momentum * self.momentum_buffer[i] + g / avg)
+        p.assign(p.detach() - lr * buf)
       else:
-        p.assign(p.detach() - self._lr * g / avg)
+        p.assign(p.detach() - lr * g / avg)
     self._realize(*self.square_avg, *self.grad_avg, *self.momentum_buffer)
 
 

@@ -1,0 +1,185 @@
+"""Layers with PyTorch's names for what the Tensor methods and nn.functional already compute.
+
+in: Tensors  ->  out: Tensors. Activations, pooling, reshaping, upsampling, a 1-d transposed convolution and the
+transformer encoder; argument and attribute names as PyTorch's, so a PyTorch model's file ports by its imports and
+its state_dict loads as is.
+"""
+from __future__ import annotations
+import math
+from collections.abc import Callable
+from tinychad.helpers import prod
+from tinychad.nn import functional as F
+from tinychad.nn.module import Module, ModuleList, Parameter
+from tinychad.tensor import Tensor
+
+
+# ---- activations ----
+class ReLU(Module):
+  def __init__(self, inplace: bool = False): pass
+  def forward(self, x: Tensor) -> Tensor: return x.relu()
+
+
+class GELU(Module):
+  def __init__(self, approximate: str = "none"): self.approximate = approximate
+  def forward(self, x: Tensor) -> Tensor: return x.gelu(self.approximate)
+
+
+class SiLU(Module):
+  def __init__(self, inplace: bool = False): pass
+  def forward(self, x: Tensor) -> Tensor: return x.silu()
+
+
+class Tanh(Module):
+  def forward(self, x: Tensor) -> Tensor: return x.tanh()
+
+
+class Sigmoid(Module):
+  def forward(self, x: Tensor) -> Tensor: return x.sigmoid()
+
+
+class LeakyReLU(Module):
+  def __init__(self, negative_slope: float = 0.01, inplace: bool = False): self.negative_slope = negative_slope
+  def forward(self, x: Tensor) -> Tensor: return x.leaky_relu(self.negative_slope)
+
+
+class Softmax(Module):
+  def __init__(self, dim: int | None = None):
+    if dim is None: raise ValueError("Softmax: give dim (PyTorch's implicit choice of dim is deprecated)")
+    self.dim = dim
+  def forward(self, x: Tensor) -> Tensor: return x.softmax(self.dim)
+
+
+class LogSoftmax(Softmax):
+  def forward(self, x: Tensor) -> Tensor: return x.log_softmax(self.dim)
+
+
+class Identity(Module):
+  def __init__(self, *args, **kwargs): pass
+  def forward(self, x: Tensor) -> Tensor: return x
+
+
+# ---- reshaping ----
+class Flatten(Module):
+  def __init__(self, start_dim: int = 1, end_dim: int = -1): self.start_dim, self.end_dim = start_dim, end_dim
+  def forward(self, x: Tensor) -> Tensor: return x.flatten(self.start_dim, self.end_dim)
+
+
+class Unflatten(Module):
+  def __init__(self, dim: int, unflattened_size): self.dim, self.unflattened_size = dim, tuple(unflattened_size)
+  def forward(self, x: Tensor) -> Tensor: return x.unflatten(self.dim, self.unflattened_size)
+
+
+class PixelShuffle(Module):
+  """(N, C*r*r, H, W) -> (N, C, H*r, W*r)."""
+  def __init__(self, upscale_factor: int): self.upscale_factor = upscale_factor
+  def forward(self, x: Tensor) -> Tensor: return F.pixel_shuffle(x, self.upscale_factor)
+
+
+class Upsample(Module):
+  """nearest or bilinear (align_corners both ways), by size or scale_factor: F.interpolate."""
+  def __init__(self, size=None, scale_factor=None, mode: str = "nearest", align_corners: bool | None = None):
+    self.size, self.scale_factor, self.mode, self.align_corners = size, scale_factor, mode, align_corners
+  def forward(self, x: Tensor) -> Tensor: return F.interpolate(x, self.size, self.scale_factor, self.mode, self.align_corners)
+
+
+# ---- pooling ----
+def _unsupported(op: str, **flags: bool) -> None:
+  for name, value in flags.items():
+    if value: raise NotImplementedError(f"{op}: {name}=True is not supported yet")
+
+
+class MaxPool2d(Module):
+  def __init__(self, kernel_size, stride=None, padding=0, dilation=1, return_indices: bool = False, ceil_mode: bool = False):
+    _unsupported("MaxPool2d", return_indices=return_indices, ceil_mode=ceil_mode)
+    self.kernel_size, self.stride, self.padding, self.dilation = kernel_size, stride, padding, dilation
+  def forward(self, x: Tensor) -> Tensor: return x.max_pool2d(self.kernel_size, self.stride, self.padding, self.dilation)
+
+
+class AvgPool2d(Module):
+  def __init__(self, kernel_size, stride=None, padding=0, ceil_mode: bool = False, count_include_pad: bool = True):
+    _unsupported("AvgPool2d", ceil_mode=ceil_mode)
+    self.kernel_size, self.stride, self.padding, self.count_include_pad = kernel_size, stride, padding, count_include_pad
+  def forward(self, x: Tensor) -> Tensor: return x.avg_pool2d(self.kernel_size, self.stride, self.padding, self.count_include_pad)
+
+
+class AdaptiveAvgPool2d(Module):
+  def __init__(self, output_size): self.output_size = output_size
+  def forward(self, x: Tensor) -> Tensor: return F.adaptive_avg_pool2d(x, self.output_size)
+
+
+# ---- convolution ----
+class ConvTranspose1d(Module):
+  """(N, C_in, L) -> (N, C_out, L_out); weight (in_channels, out_channels/groups, k), PyTorch's init."""
+  def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0, output_padding=0,
+               groups: int = 1, bias: bool = True, dilation=1):
+    if groups <= 0 or in_channels % groups or out_channels % groups:
+      raise ValueError(f"ConvTranspose1d: in_channels {in_channels} and out_channels {out_channels} must divide by groups {groups}")
+    self.kernel_size = (kernel_size,) if isinstance(kernel_size, int) else tuple(kernel_size)
+    self.stride, self.padding, self.output_padding, self.groups, self.dilation = stride, padding, output_padding, groups, dilation
+    bound = 1 / math.sqrt(out_channels // groups * prod(self.kernel_size))
+    self.weight = Parameter(Tensor.uniform(in_channels, out_channels // groups, *self.kernel_size, low=-bound, high=bound))
+    self.bias = Parameter(Tensor.uniform(out_channels, low=-bound, high=bound)) if bias else None
+
+  def forward(self, x: Tensor) -> Tensor:
+    return F.conv_transpose(x, self.weight, self.bias, self.stride, self.padding, self.output_padding, self.groups, self.dilation, 1)
+
+
+# ---- transformer ----
+def _activation(activation: str | Callable) -> Callable[[Tensor], Tensor]:
+  if callable(activation): return activation
+  if activation == "relu": return Tensor.relu
+  if activation == "gelu": return Tensor.gelu
+  raise ValueError(f"TransformerEncoderLayer: activation must be 'relu', 'gelu' or a callable, got {activation!r}")
+
+
+class TransformerEncoderLayer(Module):
+  """PyTorch's: self-attention then a feed-forward block, each with dropout, a residual and a LayerNorm (after
+  each block, or before it with norm_first). Inputs (S, N, E), or (N, S, E) with batch_first."""
+  def __init__(self, d_model: int, nhead: int, dim_feedforward: int = 2048, dropout: float = 0.1, activation="relu",
+               layer_norm_eps: float = 1e-5, batch_first: bool = False, norm_first: bool = False, bias: bool = True):
+    from tinychad.nn import Dropout, LayerNorm, Linear, MultiheadAttention
+    self._args = dict(d_model=d_model, nhead=nhead, dim_feedforward=dim_feedforward, dropout=dropout, activation=activation,
+                      layer_norm_eps=layer_norm_eps, batch_first=batch_first, norm_first=norm_first, bias=bias)
+    self.self_attn = MultiheadAttention(d_model, nhead, dropout=dropout, bias=bias, batch_first=batch_first)
+    self.linear1, self.dropout, self.linear2 = Linear(d_model, dim_feedforward, bias), Dropout(dropout), Linear(dim_feedforward, d_model, bias)
+    self.norm_first = norm_first
+    self.norm1, self.norm2 = LayerNorm(d_model, layer_norm_eps, bias=bias), LayerNorm(d_model, layer_norm_eps, bias=bias)
+    self.dropout1, self.dropout2 = Dropout(dropout), Dropout(dropout)
+    self.activation = _activation(activation)
+
+  def _attend(self, x: Tensor, mask: Tensor | None, padding: Tensor | None, is_causal: bool) -> Tensor:
+    out = self.self_attn(x, x, x, attn_mask=mask, key_padding_mask=padding, need_weights=False, is_causal=is_causal)[0]
+    return self.dropout1(out)
+
+  def _feed_forward(self, x: Tensor) -> Tensor:
+    return self.dropout2(self.linear2(self.dropout(self.activation(self.linear1(x)))))
+
+  def forward(self, src: Tensor, src_mask: Tensor | None = None, src_key_padding_mask: Tensor | None = None,
+              is_causal: bool = False) -> Tensor:
+    x = src
+    if self.norm_first:
+      x = x + self._attend(self.norm1(x), src_mask, src_key_padding_mask, is_causal)
+      return x + self._feed_forward(self.norm2(x))
+    x = self.norm1(x + self._attend(x, src_mask, src_key_padding_mask, is_causal))
+    return self.norm2(x + self._feed_forward(x))
+
+
+class TransformerEncoder(Module):
+  """num_layers copies of encoder_layer (same initial weights, as PyTorch's deep copies), then an optional norm."""
+  def __init__(self, encoder_layer: TransformerEncoderLayer, num_layers: int, norm: Module | None = None):
+    if num_layers <= 0: raise ValueError(f"TransformerEncoder: num_layers must be positive, got {num_layers}")
+    self.layers = ModuleList(_copy_layer(encoder_layer) for _ in range(num_layers))
+    self.num_layers, self.norm = num_layers, norm
+
+  def forward(self, src: Tensor, mask: Tensor | None = None, src_key_padding_mask: Tensor | None = None,
+              is_causal: bool = False) -> Tensor:
+    x = src
+    for layer in self.layers: x = layer(x, mask, src_key_padding_mask, is_causal)
+    return self.norm(x) if self.norm is not None else x
+
+
+def _copy_layer(layer: TransformerEncoderLayer) -> TransformerEncoderLayer:
+  copy = TransformerEncoderLayer(**layer._args)
+  copy.load_state_dict({name: t.detach() for name, t in layer.state_dict().items()})
+  copy._training = layer._training
+  return copy

@@ -1,0 +1,165 @@
+"""nn.Module with PyTorch's habits, nn.Parameter, and the containers ModuleList / ModuleDict.
+
+in: a model's class (subclassing Module is optional: nn.state walks any object's attributes)
+out: PyTorch's Module methods on it: `model(x)` calls forward; parameters/named_parameters, buffers/named_buffers,
+     modules/named_modules/children, zero_grad, requires_grad_, to(dtype)/double()/half()/float(), register_buffer,
+     train()/eval() per module, state_dict()/load_state_dict().
+
+Which tensors of a Module are what (PyTorch's rule; nn/state.py applies it):
+  - parameters: nn.Parameter instances and tensors with requires_grad=True (every layer's weights). A frozen
+    parameter (requires_grad_(False)) stays a parameter: in the state dict and in parameters(), not trained.
+  - buffers: tensors given to register_buffer. Never trained (requires_grad=False); in the state dict when
+    persistent, neither saved nor expected by a strict load when not.
+  - any other tensor attribute (requires_grad None, Tensor(...)'s default: a rotary table, a causal mask) is
+    neither: not trained, not saved, as a plain tensor attribute in PyTorch.
+A plain object that is not a Module keeps tinygrad's rule: each tensor attribute is state, and trained unless
+its requires_grad is False.
+
+Train/eval: each module has its own flag, as in PyTorch (`body.eval(); head.train()` leaves body in eval).
+train(mode) sets it on the module and its submodules, and also sets the global Tensor.training (tinygrad's switch,
+read by the functional Tensor.dropout), so code written for either keeps working. A module that no train()/eval()
+call has reached follows Tensor.training, so setting Tensor.training = True still switches such a model.
+"""
+from __future__ import annotations
+from collections.abc import Iterator
+from typing import Any
+from tinychad.dtype import DType, dtypes
+from tinychad.tensor import Tensor
+
+
+class Parameter(Tensor):
+  """A tensor that is a module's parameter: requires_grad=True unless told otherwise (torch.nn.Parameter).
+  Shares its data with `data`; the ops on it give plain Tensors."""
+  __slots__ = ()
+
+  def __init__(self, data: Any = None, requires_grad: bool = True):
+    super().__init__(data if data is not None else Tensor.empty(0), requires_grad=requires_grad)
+
+
+class Module:
+  """Optional base for layers and models; needs no super().__init__() call (the built-in layers make none)."""
+  _training: bool | None = None   # None until a train()/eval() reaches this module: then Tensor.training rules
+
+  def __call__(self, *args, **kwargs):
+    forward = getattr(type(self), "forward", None)
+    if forward is None: raise NotImplementedError(f"{type(self).__name__}: define forward() (or __call__)")
+    return forward(self, *args, **kwargs)
+
+  # ---- train / eval ----
+  @property
+  def training(self) -> bool: return Tensor.training if self._training is None else self._training
+
+  @training.setter
+  def training(self, mode: bool) -> None: self._training = bool(mode)
+
+  def train(self, mode: bool = True) -> Module:
+    for module in self.modules(): module._training = bool(mode)
+    Tensor.training = bool(mode)
+    return self
+
+  def eval(self) -> Module: return self.train(False)
+
+  # ---- submodules ----
+  def named_modules(self, prefix: str = "") -> Iterator[tuple[str, Module]]:
+    """This module and every Module inside it (attributes, lists, tuples, dicts), each once, depth first."""
+    from tinychad.nn.state import walk_modules
+    yield from walk_modules(self, prefix)
+
+  def modules(self) -> Iterator[Module]:
+    for _, module in self.named_modules(): yield module
+
+  def named_children(self) -> Iterator[tuple[str, Module]]:
+    for name, module in self.named_modules():
+      if name and name.count(".") == 0: yield name, module
+
+  def children(self) -> Iterator[Module]:
+    for _, module in self.named_children(): yield module
+
+  def apply(self, fn) -> Module:
+    for module in self.modules(): fn(module)
+    return self
+
+  # ---- parameters and buffers ----
+  def named_parameters(self, prefix: str = "") -> Iterator[tuple[str, Tensor]]:
+    from tinychad.nn.state import walk_tensors
+    seen: set[int] = set()
+    for name, t, kind in walk_tensors(self, prefix):
+      if kind == "parameter" and id(t) not in seen:
+        seen.add(id(t))
+        yield name, t
+
+  def parameters(self) -> list[Tensor]:
+    """Every parameter, frozen ones included (as PyTorch); optimizers skip those with requires_grad=False."""
+    return [t for _, t in self.named_parameters()]
+
+  def named_buffers(self, prefix: str = "") -> Iterator[tuple[str, Tensor]]:
+    from tinychad.nn.state import walk_tensors
+    for name, t, kind in walk_tensors(self, prefix):
+      if kind in ("buffer", "temporary buffer"): yield name, t
+
+  def buffers(self) -> list[Tensor]: return [t for _, t in self.named_buffers()]
+
+  def register_buffer(self, name: str, tensor: Tensor | None, persistent: bool = True) -> None:
+    """A tensor of the module's state that is never trained (running statistics, a causal mask, a rotary table).
+    persistent=False keeps it out of the state dict."""
+    if "." in name or not name: raise KeyError(f"register_buffer: invalid buffer name {name!r}")
+    if tensor is not None and not isinstance(tensor, Tensor):
+      raise TypeError(f"register_buffer: {name} must be a Tensor or None, got {type(tensor).__name__}")
+    if tensor is not None: tensor.requires_grad = False
+    self.__dict__.setdefault("_buffers", {})[name] = persistent
+    setattr(self, name, tensor)
+
+  def register_parameter(self, name: str, param: Tensor | None) -> None:
+    setattr(self, name, param if param is None or isinstance(param, Parameter) else Parameter(param))
+
+  def zero_grad(self, set_to_none: bool = True) -> None:
+    for p in self.parameters(): p.grad = None if set_to_none or p.grad is None else p.grad.zeros_like()
+
+  def requires_grad_(self, requires_grad: bool = True) -> Module:
+    for p in self.parameters(): p.requires_grad = requires_grad
+    return self
+
+  # ---- dtype and device ----
+  def to(self, dtype_or_device: DType | str) -> Module:
+    """Cast the floating-point parameters and buffers to a dtype, or move them all to a device, in place (the
+    tensors keep their identity, so an optimizer made before still holds them)."""
+    from tinychad.nn.state import walk_tensors
+    seen: set[int] = set()
+    is_dtype = isinstance(dtype_or_device, DType)
+    for _, t, kind in walk_tensors(self, ""):
+      if kind == "plain" or id(t) in seen: continue
+      seen.add(id(t))
+      if is_dtype and not t.dtype.is_float: continue
+      new = t.detach().cast(dtype_or_device) if is_dtype else t.detach().to(dtype_or_device)
+      t.lazydata = new.realize().lazydata
+      if t.grad is not None: t.grad = None
+    return self
+
+  def double(self) -> Module: return self.to(dtypes.float64)
+  def float(self) -> Module: return self.to(dtypes.float32)
+  def half(self) -> Module: return self.to(dtypes.float16)
+
+  # ---- state ----
+  def state_dict(self) -> dict[str, Tensor]:
+    from tinychad.nn.state import get_state_dict
+    return get_state_dict(self)
+
+  def load_state_dict(self, state_dict: dict, strict: bool = True):
+    from tinychad.nn.state import load_state_dict
+    return load_state_dict(self, state_dict, strict)
+
+
+class ModuleList(Module, list):
+  """A list of modules; its items are named `0`, `1`, ... (`layers.0.weight`), as in PyTorch."""
+  def __init__(self, modules=()):
+    list.__init__(self, modules)
+
+  def __getitem__(self, index):
+    out = list.__getitem__(self, index)
+    return ModuleList(out) if isinstance(index, slice) else out
+
+
+class ModuleDict(Module, dict):
+  """A dict of modules; its items are named by their keys (`heads.a.weight`), as in PyTorch."""
+  def __init__(self, modules=None):
+    dict.__init__(self, modules or {})
