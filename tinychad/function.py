@@ -2,12 +2,12 @@
 
 in: LazyBuffers (from Tensor.lazydata)  ->  out: a LazyBuffer, and in backward the gradients of the inputs.
 The Tensor front end (tensor.py) composes every other op from these, so these are all the backward
-rules the framework has.
+rules the framework has. This module sits below the front end and imports nothing from it: apply()
+makes its result with the inputs' own class (Tensor), and gradients are added up on LazyBuffers.
 """
 from __future__ import annotations
 import math
 from dataclasses import dataclass
-import tinychad.tensor as tensor_module   # tensor.py imports this module: Tensor is looked up at call time
 from tinychad.dtype import dtypes
 from tinychad.lazy import LazyBuffer
 from tinychad.ops import UnaryOps, BinaryOps, TernaryOps, ReduceOps
@@ -23,10 +23,13 @@ class Function:
 
   @classmethod
   def apply(cls, *tensors, **kwargs):
-    no_grad = tensor_module.Tensor.no_grad
+    """forward() on the tensors' LazyBuffers; the result is a tensor of the first input's class (Tensor),
+    linked to this node for backward unless gradients are off (Tensor.no_grad)."""
+    tensor_type = type(tensors[0])
+    no_grad = tensor_type.no_grad
     ctx = cls(*tensors)
     result = ctx.forward(*[t.lazydata for t in tensors], **kwargs)
-    out = tensor_module.Tensor.from_lazy(result, False if no_grad else ctx.requires_grad)
+    out = tensor_type.from_lazy(result, False if no_grad else ctx.requires_grad)
     if ctx.requires_grad and not no_grad: out._ctx = ctx
     return out
 
@@ -51,6 +54,41 @@ class Gather(Function):
     row = grad.shape[len(self.indices.shape):]
     table_grad = grad.reshape((picks,) + row).scatter_add(self.indices.reshape((picks,)), self.rows)
     return table_grad, None
+
+
+class Cat(Function):
+  """The pieces (one dtype, equal shapes outside `axis`) one after another along `axis`."""
+  def forward(self, *pieces: LazyBuffer, axis: int) -> LazyBuffer:
+    self.windows, start = [], 0
+    for piece in pieces:
+      end = start + piece.shape[axis]
+      self.windows.append(tuple((start, end) if d == axis else (0, s) for d, s in enumerate(piece.shape)))
+      start = end
+    return cat(pieces, axis)
+  def backward(self, grad: LazyBuffer) -> tuple[LazyBuffer | None, ...]:
+    return tuple(grad.shrink(window) if needed else None for window, needed in zip(self.windows, self.needs_input_grad))
+
+
+CAT_MAX_PIECES = 16  # a cat of more pieces goes in two steps
+
+
+def cat(pieces: tuple[LazyBuffer, ...] | list[LazyBuffer], axis: int) -> LazyBuffer:
+  """Each piece padded with zeros to the full size along `axis`, and the padded views added (OR for bools)."""
+  if len(pieces) > CAT_MAX_PIECES:
+    # every piece is a padded view read by each output element: n pieces cost n reads per element.
+    # Groups of ~sqrt(n) are concatenated first (each its own kernel: the scheduler realizes a
+    # padded input), then the groups: 2*sqrt(n) reads (an LSTM's 150 steps: 150 -> 25)
+    size = math.isqrt(len(pieces) - 1) + 1
+    return cat([cat(pieces[i:i + size], axis) for i in range(0, len(pieces), size)], axis)
+  total = sum(piece.shape[axis] for piece in pieces)
+  combine = BinaryOps.OR if pieces[0].dtype == dtypes.bool else BinaryOps.ADD
+  out, start = None, 0
+  for piece in pieces:
+    size = piece.shape[axis]
+    padded = piece.pad(tuple((start, total - start - size) if d == axis else (0, 0) for d in range(len(piece.shape))))
+    out = padded if out is None else out.e(combine, padded)
+    start += size
+  return out
 
 
 class Copy(Function):
@@ -360,18 +398,17 @@ def _slices_as_cat(slices: list[SliceGradient]) -> LazyBuffer | None:
   axes = {axis for part in slices for axis, pads in enumerate(part.padding) if pads != (0, 0)}
   if len(axes) != 1: return None
   axis = axes.pop()
-  first = slices[0]
-  size = first.shape[axis]
-  Tensor = tensor_module.Tensor
+  first = slices[0].grad
+  size = slices[0].shape[axis]
   pieces, end = [], 0
   for part in sorted(slices, key=lambda part: part.padding[axis][0]):
     start = part.padding[axis][0]
     if start < end: return None       # overlapping slices add up: left to the sum
-    if start > end: pieces.append(Tensor.zeros(_with(first.grad.shape, axis, start - end), dtype=first.grad.dtype, device=first.grad.device))
-    pieces.append(Tensor(part.grad, requires_grad=False))
+    if start > end: pieces.append(LazyBuffer.full(0, _with(first.shape, axis, start - end), first.dtype, first.device))
+    pieces.append(part.grad)
     end = start + part.grad.shape[axis]
-  if end < size: pieces.append(Tensor.zeros(_with(first.grad.shape, axis, size - end), dtype=first.grad.dtype, device=first.grad.device))
-  return Tensor.cat(*pieces, dim=axis).lazydata
+  if end < size: pieces.append(LazyBuffer.full(0, _with(first.shape, axis, size - end), first.dtype, first.device))
+  return cat(pieces, axis)
 
 
 def _with(shape: tuple[int, ...], axis: int, size: int) -> tuple[int, ...]: return shape[:axis] + (size,) + shape[axis + 1:]

@@ -65,9 +65,6 @@ class Linear(Module):
       raise ValueError(f"Linear: input of shape {tuple(x.shape)} has {x.shape[-1]} features, the layer expects {self.weight.shape[1]}")
     return x.linear(self.weight, self.bias)
 
-  # the seed called the layer's forward directly
-  forward = __call__
-
 
 class _ConvNd(Module):
   """Weight (out_channels, in_channels/groups, *kernel_size); PyTorch's init: kaiming_uniform(a=sqrt(5)),
