@@ -320,9 +320,9 @@ def _matmul(x: LazyBuffer, w: LazyBuffer):
   rows = x.reshape(lead + (n, 1, k)).expand(full)
   columns = _swap_last(w).reshape(lead + (1, m, k)).expand(full)
   product = rows.e(BinaryOps.MUL, columns)
-  if product.dtype.is_float: return product.r(ReduceOps.SUM, (len(full) - 1,)).reshape(lead + (n, m)), rows, columns, lead, full
-  total = product.cast(dtypes.int64).r(ReduceOps.SUM, (len(full) - 1,))
-  return total.cast(x.dtype).reshape(lead + (n, m)), rows, columns, lead, full
+  if product.dtype.is_float: out = product.r(ReduceOps.SUM, (len(full) - 1,))
+  else: out = product.cast(dtypes.int64).r(ReduceOps.SUM, (len(full) - 1,)).cast(x.dtype)
+  return out.reshape(lead + (n, m)), rows, columns, lead, full
 
 
 def _swap_last(x: LazyBuffer) -> LazyBuffer:
@@ -467,7 +467,8 @@ def pool_windows(x, kernel: tuple[int, ...], stride: tuple[int, ...], dilation: 
   x = x.shrink(tuple((0, s) for s in lead) + tuple((0, k * (i + d)) for i, k, d in zip(spatial, kernel, dilation)))
   x = x.reshape(lead + tuple(v for i, k, d in zip(spatial, kernel, dilation) for v in (k, i + d)))
   # fit each row to o*s columns: cropped where it is longer, zero-padded where shorter
-  x = _pad(x, ((0, 0),) * nl + tuple(p for i, d, o, s in zip(spatial, dilation, outs, stride) for p in ((0, 0), (0, o * s - (i + d)))))
+  fit = tuple(p for i, d, o, s in zip(spatial, dilation, outs, stride) for p in ((0, 0), (0, o * s - (i + d))))
+  x = _pad(x, ((0, 0),) * nl + fit)
   x = x.reshape(lead + tuple(v for k, o, s in zip(kernel, outs, stride) for v in (k, o, s)))
   x = x.shrink(tuple((0, s) for s in lead) + tuple(w for k, o in zip(kernel, outs) for w in ((0, k), (0, o), (0, 1))))
   x = x.reshape(lead + tuple(v for k, o in zip(kernel, outs) for v in (k, o)))
@@ -652,7 +653,10 @@ def _tapwise_pays(x_shape: tuple[int, ...], weight: LazyBuffer, grad: LazyBuffer
   return math.prod(ins) >= TAPWISE_MIN_WASTE * math.prod(outs) and products * grad.dtype.itemsize <= TAPWISE_MAX_BYTES
 
 
-def _tap_products(grad_cl: LazyBuffer, weight: LazyBuffer, groups: int) -> Callable[[tuple[int, ...]], tuple[LazyBuffer, LazyBuffer | None]]:
+TapProducts = Callable[[tuple[int, ...]], tuple[LazyBuffer, LazyBuffer | None]]
+
+
+def _tap_products(grad_cl: LazyBuffer, weight: LazyBuffer, groups: int) -> TapProducts:
   """For a tap, every output position's contribution through it to every input channel, from the
   channels-last output gradient (bs, *out, cout):
   products[b, *o, ci] = sum over the co of ci's group of grad[b, *o, co] * weight[co, ci % cin_group, *tap],
@@ -664,7 +668,8 @@ def _tap_products(grad_cl: LazyBuffer, weight: LazyBuffer, groups: int) -> Calla
   if groups == 1:
     # one matmul for all taps: (cout, *kernel, cin), a product row over taps, then input channels (SIMD
     # lanes of the tap sum); copied, as the matmul's lanes need them contiguous
-    weight_rows = weight.permute((0,) + tuple(2 + i for i in range(n)) + (1,)).contiguous().reshape((cout, weight.size // cout))
+    weight_rows = weight.permute((0,) + tuple(2 + i for i in range(n)) + (1,)).contiguous()
+    weight_rows = weight_rows.reshape((cout, weight.size // cout))
     products = _matmul(grad_cl.reshape((math.prod(lead), cout)), weight_rows)[0].reshape(lead + kernel + (cin_group,))
     def tap_slice(tap: tuple[int, ...]) -> tuple[LazyBuffer, LazyBuffer | None]:
       piece = products.shrink(tuple((0, size) for size in lead) + tuple((k, k + 1) for k in tap) + ((0, cin_group),))
@@ -677,11 +682,13 @@ def _tap_products(grad_cl: LazyBuffer, weight: LazyBuffer, groups: int) -> Calla
   # (*kernel, cin): each tap's factors contiguous, like the SIMD lanes that read them
   taps = weight.permute(tuple(2 + i for i in range(n)) + (0, 1)).contiguous().reshape(kernel + (cout * cin_group,))
   def tap_factor(tap: tuple[int, ...]) -> tuple[LazyBuffer, LazyBuffer | None]:
-    return spread_over_group, taps.shrink(tuple((k, k + 1) for k in tap) + ((0, cout * cin_group),)).reshape((cout * cin_group,))
+    factor = taps.shrink(tuple((k, k + 1) for k in tap) + ((0, cout * cin_group),)).reshape((cout * cin_group,))
+    return spread_over_group, factor
   return tap_factor
 
 
-def _input_gradient_by_taps(grad_cl: LazyBuffer, weight: LazyBuffer, geo: ConvGeometry, x_shape: tuple[int, ...]) -> LazyBuffer:
+def _input_gradient_by_taps(grad_cl: LazyBuffer, weight: LazyBuffer, geo: ConvGeometry,
+                            x_shape: tuple[int, ...]) -> LazyBuffer:
   """The input gradient of a one-group or depthwise convolution from its channels-last output gradient (bs, *out, cout).
 
   _tap_products gives every output position's contribution through every tap (one matmul with one
@@ -757,7 +764,8 @@ def _conv_weight_gradient(x_padded: LazyBuffer, grad: LazyBuffer, grad_cl: LazyB
   kernel = weight_shape[2:]
   windows = pool_windows(x_padded, kernel, geo.stride, geo.dilation)
   # positions past the last output row (a transposed convolution's output_padding) reach no output
-  windows = windows.shrink(tuple((0, s) for s in windows.shape[:2]) + tuple((0, o) for o in outs) + tuple((0, k) for k in kernel))
+  lead = tuple((0, s) for s in windows.shape[:2])
+  windows = windows.shrink(lead + tuple((0, o) for o in outs) + tuple((0, k) for k in kernel))
   windows = windows.reshape((bs, geo.groups, cin_group) + outs + kernel)
   return _weight_gradient(windows, grad, geo.groups, cout // geo.groups, grad_cl).reshape(weight_shape)
 
