@@ -7,6 +7,7 @@ out: pass when simplifications give the expected forms (and stay numerically rig
 import itertools
 import numpy as np
 import pytest
+from tinychad import Tensor
 from tinychad.codegen import linearize, UOps
 from tinychad.codegen.symbolic import Var, Num, Node
 from tinychad.dtype import dtypes
@@ -119,7 +120,7 @@ def test_compile_error_names_the_kernel():
 def test_debug_prints_tree_ir_and_source(monkeypatch, capsys):
   monkeypatch.setenv("DEBUG", "4")
   x = LazyBuffer.from_numpy(np.arange(6, dtype=np.float32) + 0.25, "CPU")
-  x.e(UnaryOps.SQRT).e(BinaryOps.ADD, LazyBuffer.full(1.0, (6,), dtypes.float32, "CPU")).numpy()
+  Tensor(x.e(UnaryOps.SQRT).e(BinaryOps.ADD, LazyBuffer.full(1.0, (6,), dtypes.float32, "CPU"))).numpy()
   out = capsys.readouterr().out
   assert "STORE float32" in out and "kernel E_6" in out and "sqrtf(" in out
 
@@ -149,13 +150,13 @@ def test_float32_exp2_log2_polynomials(op, np_fn, inputs, max_ulps, device, noop
   if noopt: set_noopt("1")
   x = inputs.astype(np.float32)
   x = x[:len(x) // 16 * 16]                  # a whole number of SIMD lanes
-  out = LazyBuffer.from_numpy(x, device).e(op).numpy()
+  out = Tensor(LazyBuffer.from_numpy(x, device).e(op)).numpy()
   with np.errstate(all="ignore"): exact = np_fn(x.astype(np.float64))
   finite = np.abs(exact) < float(np.finfo(np.float32).max)
   assert _ulps(out[finite], exact[finite]) <= max_ulps
   assert np.all(np.isinf(out[~finite]) & (np.sign(out[~finite]) == np.sign(exact[~finite])))
   with np.errstate(all="ignore"): want = np_fn(POLY_SPECIALS)
-  got = LazyBuffer.from_numpy(POLY_SPECIALS, device).e(op).numpy()
+  got = Tensor(LazyBuffer.from_numpy(POLY_SPECIALS, device).e(op)).numpy()
   np.testing.assert_allclose(got, want, rtol=3e-7, atol=0)     # NaN where numpy has NaN, inf and 0 exactly
 
 
@@ -183,7 +184,7 @@ def test_vector_math_matches_scalar_math_bit_for_bit(op, monkeypatch):
                            np.exp(rng.uniform(-100, 88, 4096 - 2018)).astype(np.float32)])
 
   def run(array):
-    return LazyBuffer.from_numpy(array, "CPU").e(op).numpy()
+    return Tensor(LazyBuffer.from_numpy(array, "CPU").e(op)).numpy()
   vector, scalar = run(values), run(values[:4095])
   assert "float32x16" in render_c(linearize(_items(LazyBuffer.from_numpy(values, "NUMPY").e(op))[0].ast, "k"))
   np.testing.assert_array_equal(vector[:4095].view(np.int32), scalar.view(np.int32))
@@ -235,7 +236,6 @@ def test_row_pass_reads_back_what_its_reduce_computed(case, noopt, set_noopt):
   a scratch row, instead of computing them again: half the exps, the same results as the NUMPY device
   and as a kernel lowered without the scratch row. NOOPT=1 computes them twice."""
   from dataclasses import replace
-  from tinychad import Tensor
   from tinychad.codegen.opt import choose_opts
   from tinychad.codegen.linearize import opt_inputs
   set_noopt(noopt)
@@ -261,7 +261,6 @@ def test_row_pass_reads_back_what_its_reduce_computed(case, noopt, set_noopt):
 def test_row_that_one_step_covers_needs_no_scratch_row(set_noopt):
   """A row of 64 floats is four SIMD vectors: the reduce has no loop, and its pass reuses the exps
   still in registers."""
-  from tinychad import Tensor
   set_noopt("0")
   item = Tensor(np.ones((32, 64), np.float32)).softmax(1).schedule()[-1]
   program = linearize(item.ast, item.name)
@@ -288,7 +287,6 @@ def test_big_outputs_are_written_with_streaming_stores(case, threads, monkeypatc
   streaming store in C, a !nontemporal store in LLVM IR), each call ends with a store fence, and the
   results are the NUMPY device's, on one thread and on two."""
   import importlib
-  from tinychad import Tensor
   from tinychad.codegen.opt import simd_bytes
   linearize_module = importlib.import_module("tinychad.codegen.linearize")    # the package's `linearize` is the function
   set_noopt("0")

@@ -11,6 +11,7 @@ import textwrap
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
+from tinychad import Tensor
 from tinychad.dtype import dtypes
 from tinychad.lazy import LazyBuffer
 from tinychad.ops import UnaryOps, BinaryOps, TernaryOps, ReduceOps
@@ -35,7 +36,7 @@ def data(dtype, shape, lo=-100, hi=100, specials=True) -> np.ndarray:
 
 
 def run(build, arrays, device) -> np.ndarray:
-  return build(*[LazyBuffer.from_numpy(a, device) for a in arrays]).numpy()
+  return Tensor(build(*[LazyBuffer.from_numpy(a, device) for a in arrays])).numpy()
 
 
 def check(build, *arrays) -> None:
@@ -247,11 +248,12 @@ ASAN_SCRIPT = textwrap.dedent("""
   import tinychad.device as device
   # exact-size allocations so any out-of-bounds byte lands in ASan's red zone
   device._aligned_empty = lambda size, dtype, alignment=64: np.empty(max(size, 1), dtype=dtype.np)
+  from tinychad import Tensor
   from tinychad.lazy import LazyBuffer
   from tinychad.ops import BinaryOps, ReduceOps, UnaryOps
   def both(build, x):
-    want = build(LazyBuffer.from_numpy(x, "NUMPY")).numpy()
-    got = build(LazyBuffer.from_numpy(x, "CPU")).numpy()
+    want = Tensor(build(LazyBuffer.from_numpy(x, "NUMPY"))).numpy()
+    got = Tensor(build(LazyBuffer.from_numpy(x, "CPU"))).numpy()
     np.testing.assert_allclose(got, want, rtol=1e-5)
   x = np.arange(60, dtype=np.float32).reshape(3, 4, 5)
   both(lambda a: a.pad(((1, 2), (0, 1), (2, 0))).flip((True, False, True)).e(UnaryOps.NEG), x)

@@ -12,7 +12,7 @@ import torch.nn.functional as TF
 from tinychad import GlobalCounters, Tensor, dtypes
 from tinychad.helpers import getenv
 from torch_reference import compare, random_inputs
-from tinychad.nn.functional import _input_gradient_by_taps as _tapwise
+from tinychad.function import _input_gradient_by_taps as _tapwise
 
 pytestmark = pytest.mark.usefixtures("each_device")
 
@@ -60,7 +60,7 @@ def test_conv2d_channels_last_input():
 def test_conv2d_weight_gradient_summed_in_batch_parts(monkeypatch, groups, cin):
   """A large output gradient is summed over the batch in parts (_batch_parts); shrink the budget so
   these small shapes take that path: 2 samples of 4x4 positions x 8 channels per part."""
-  import tinychad.nn.functional as F
+  import tinychad.function as F
   monkeypatch.setattr(F, "WEIGHT_GRAD_PART_BYTES", 2 * 4 * 4 * 8 * 4)
   assert F._batch_parts(6, 4 * 4 * 8 * 4) == 3
   compare([(6, cin, 6, 6), (8, cin // groups, 3, 3)], lambda x, w: TF.conv2d(x, w, groups=groups),
@@ -85,7 +85,7 @@ GROUPED = [
 @pytest.mark.parametrize("case", GROUPED, ids=[str(i) for i in range(len(GROUPED))])
 @pytest.mark.parametrize("channels_last", [False, True])
 def test_grouped_conv_in_both_layouts(monkeypatch, case, channels_last):
-  import tinychad.nn.functional as F
+  import tinychad.function as F
   monkeypatch.setattr(F, "CHANNELS_LAST_MIN_OUT_GROUP", 1 if channels_last else 1 << 30)
   kwargs = _conv_kwargs(case)
   conv_torch, conv = (TF.conv2d, Tensor.conv2d) if len(case["x"]) == 4 else (TF.conv1d, Tensor.conv1d)
@@ -104,14 +104,14 @@ def test_grouped_conv_in_both_layouts(monkeypatch, case, channels_last):
 @pytest.mark.parametrize("channels_last", [False, True])
 def test_depthwise_conv_gradient_of_a_sum(monkeypatch, channels_last):
   """y.sum().backward(): the output gradient is a view of one constant, never in memory."""
-  import tinychad.nn.functional as F
+  import tinychad.function as F
   monkeypatch.setattr(F, "CHANNELS_LAST_MIN_OUT_GROUP", 1 if channels_last else 1 << 30)
   for kwargs in (dict(padding=1), dict(stride=2, padding=1), dict(padding=(0, 2), dilation=2)):
     compare([(2, 4, 9, 8), (8, 1, 3, 3)], lambda x, w: TF.conv2d(x, w, groups=4, **kwargs).sum(),
             lambda x, w: x.conv2d(w, groups=4, **kwargs).sum(), atol=CONV_ATOL)
 
 
-# input gradients computed tap by tap (nn/functional.py _input_gradient_by_taps), forced on for
+# input gradients computed tap by tap (function.py _input_gradient_by_taps), forced on for
 # geometries that would not waste enough to take that path on their own
 TAPWISE = [
   dict(x=(2, 3, 12, 12), w=(4, 3, 5, 5)),                                 # taken by default: 144 vs 64 positions
@@ -135,7 +135,7 @@ TAPWISE = [
 
 @pytest.mark.parametrize("case", TAPWISE, ids=[str(i) for i in range(len(TAPWISE))])
 def test_conv_input_gradient_tap_by_tap(monkeypatch, case):
-  import tinychad.nn.functional as F
+  import tinychad.function as F
   monkeypatch.setattr(F, "TAPWISE_MIN_WASTE", 0)
   calls = []
   monkeypatch.setattr(F, "_input_gradient_by_taps", lambda *args: calls.append(1) or _tapwise(*args))

@@ -29,5 +29,6 @@ from tinychad.dtype import dtypes, DType
 from tinychad.device import Device
 from tinychad.helpers import GlobalCounters
 from tinychad.engine.jit import TinyJit
+from tinychad import compat  # noqa: F401 -- installs the seed's names (see compat.py)
 
 __all__ = ["Tensor", "no_grad", "dtypes", "DType", "Device", "GlobalCounters", "TinyJit"]

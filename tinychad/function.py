@@ -2,15 +2,17 @@
 
 in: LazyBuffers (from Tensor.lazydata)  ->  out: a LazyBuffer, and in backward the gradients of the inputs.
 The Tensor front end (tensor.py) composes every other op from these, so these are all the backward
-rules the framework has.
+rules the framework has. This module sits below the front end and imports nothing from it: apply()
+makes its result with the inputs' own class (Tensor), and gradients are added up on LazyBuffers.
 """
 from __future__ import annotations
+import itertools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-import tinychad.tensor as tensor_module   # tensor.py imports this module: Tensor is looked up at call time
 from tinychad.dtype import dtypes
 from tinychad.lazy import LazyBuffer
-from tinychad.ops import UnaryOps, BinaryOps, TernaryOps, ReduceOps
+from tinychad.ops import UnaryOps, BinaryOps, TernaryOps, ReduceOps, LoadOps
 
 
 class Function:
@@ -29,10 +31,13 @@ class Function:
 
   @classmethod
   def apply(cls, *tensors, **kwargs):
-    no_grad = tensor_module.Tensor.no_grad
+    """forward() on the tensors' LazyBuffers; the result is a tensor of the first input's class (Tensor),
+    linked to this node for backward unless gradients are off (Tensor.no_grad)."""
+    tensor_type = type(tensors[0])
+    no_grad = tensor_type.no_grad
     ctx = cls(*tensors)
     result = ctx.forward(*[t.lazydata for t in tensors], **kwargs)
-    out = tensor_module.Tensor.from_lazy(result, False if no_grad else ctx.requires_grad)
+    out = tensor_type.from_lazy(result, False if no_grad else ctx.requires_grad)
     if ctx.requires_grad is not False and not no_grad: out._ctx = ctx
     return out
 
@@ -57,6 +62,41 @@ class Gather(Function):
     row = grad.shape[len(self.indices.shape):]
     table_grad = grad.reshape((picks,) + row).scatter_add(self.indices.reshape((picks,)), self.rows)
     return table_grad, None
+
+
+class Cat(Function):
+  """The pieces (one dtype, equal shapes outside `axis`) one after another along `axis`."""
+  def forward(self, *pieces: LazyBuffer, axis: int) -> LazyBuffer:
+    self.windows, start = [], 0
+    for piece in pieces:
+      end = start + piece.shape[axis]
+      self.windows.append(tuple((start, end) if d == axis else (0, s) for d, s in enumerate(piece.shape)))
+      start = end
+    return cat(pieces, axis)
+  def backward(self, grad: LazyBuffer) -> tuple[LazyBuffer | None, ...]:
+    return tuple(grad.shrink(window) if needed else None for window, needed in zip(self.windows, self.needs_input_grad))
+
+
+CAT_MAX_PIECES = 16  # a cat of more pieces goes in two steps
+
+
+def cat(pieces: tuple[LazyBuffer, ...] | list[LazyBuffer], axis: int) -> LazyBuffer:
+  """Each piece padded with zeros to the full size along `axis`, and the padded views added (OR for bools)."""
+  if len(pieces) > CAT_MAX_PIECES:
+    # every piece is a padded view read by each output element: n pieces cost n reads per element.
+    # Groups of ~sqrt(n) are concatenated first (each its own kernel: the scheduler realizes a
+    # padded input), then the groups: 2*sqrt(n) reads (an LSTM's 150 steps: 150 -> 25)
+    size = math.isqrt(len(pieces) - 1) + 1
+    return cat([cat(pieces[i:i + size], axis) for i in range(0, len(pieces), size)], axis)
+  total = sum(piece.shape[axis] for piece in pieces)
+  combine = BinaryOps.OR if pieces[0].dtype == dtypes.bool else BinaryOps.ADD
+  out, start = None, 0
+  for piece in pieces:
+    size = piece.shape[axis]
+    padded = piece.pad(tuple((start, total - start - size) if d == axis else (0, 0) for d in range(len(piece.shape))))
+    out = padded if out is None else out.e(combine, padded)
+    start += size
+  return out
 
 
 class Copy(Function):
@@ -259,15 +299,8 @@ class Matmul(Function):
   enough that their Python (~20 us a call) is worth saving. Integers are summed as int64 and cast back to
   their own dtype, which wraps as PyTorch's integer matmul does (sums modulo 2^bits agree either way)."""
   def forward(self, x: LazyBuffer, w: LazyBuffer) -> LazyBuffer:
-    *batch, n, k = x.shape
-    m, self.lead = w.shape[-1], tuple(batch)
-    self.full = self.lead + (n, m, k)
-    self.rows = x.reshape(self.lead + (n, 1, k)).expand(self.full)
-    self.columns = _swap_last(w).reshape(self.lead + (1, m, k)).expand(self.full)
-    product = self.rows.e(BinaryOps.MUL, self.columns)
-    if product.dtype.is_float: return product.r(ReduceOps.SUM, (len(self.full) - 1,)).reshape(self.lead + (n, m))
-    total = product.cast(dtypes.int64).r(ReduceOps.SUM, (len(self.full) - 1,))
-    return total.cast(x.dtype).reshape(self.lead + (n, m))
+    out, self.rows, self.columns, self.lead, self.full = _matmul(x, w)
+    return out
 
   def backward(self, grad: LazyBuffer):
     # as for the broadcast multiply and sum it is: each operand's gradient is the other one times the
@@ -283,6 +316,19 @@ class Matmul(Function):
     if self.needs_input_grad[1]:
       grad_w = _swap_last(self.rows.e(BinaryOps.MUL, spread).r(ReduceOps.SUM, (n_axis,)).reshape(self.lead + (m, k)))
     return grad_x, grad_w
+
+
+def _matmul(x: LazyBuffer, w: LazyBuffer):
+  """x @ w (see Matmul), with the broadcast views it multiplied and their shapes: (out, rows, columns, lead, full)."""
+  *batch, n, k = x.shape
+  m, lead = w.shape[-1], tuple(batch)
+  full = lead + (n, m, k)
+  rows = x.reshape(lead + (n, 1, k)).expand(full)
+  columns = _swap_last(w).reshape(lead + (1, m, k)).expand(full)
+  product = rows.e(BinaryOps.MUL, columns)
+  if product.dtype.is_float: out = product.r(ReduceOps.SUM, (len(full) - 1,))
+  else: out = product.cast(dtypes.int64).r(ReduceOps.SUM, (len(full) - 1,)).cast(x.dtype)
+  return out.reshape(lead + (n, m)), rows, columns, lead, full
 
 
 def _swap_last(x: LazyBuffer) -> LazyBuffer:
@@ -366,18 +412,17 @@ def _slices_as_cat(slices: list[SliceGradient]) -> LazyBuffer | None:
   axes = {axis for part in slices for axis, pads in enumerate(part.padding) if pads != (0, 0)}
   if len(axes) != 1: return None
   axis = axes.pop()
-  first = slices[0]
-  size = first.shape[axis]
-  Tensor = tensor_module.Tensor
+  first = slices[0].grad
+  size = slices[0].shape[axis]
   pieces, end = [], 0
   for part in sorted(slices, key=lambda part: part.padding[axis][0]):
     start = part.padding[axis][0]
     if start < end: return None       # overlapping slices add up: left to the sum
-    if start > end: pieces.append(Tensor.zeros(_with(first.grad.shape, axis, start - end), dtype=first.grad.dtype, device=first.grad.device))
-    pieces.append(Tensor(part.grad, requires_grad=False))
+    if start > end: pieces.append(LazyBuffer.full(0, _with(first.shape, axis, start - end), first.dtype, first.device))
+    pieces.append(part.grad)
     end = start + part.grad.shape[axis]
-  if end < size: pieces.append(Tensor.zeros(_with(first.grad.shape, axis, size - end), dtype=first.grad.dtype, device=first.grad.device))
-  return Tensor.cat(*pieces, dim=axis).lazydata
+  if end < size: pieces.append(LazyBuffer.full(0, _with(first.shape, axis, size - end), first.dtype, first.device))
+  return cat(pieces, axis)
 
 
 def _with(shape: tuple[int, ...], axis: int, size: int) -> tuple[int, ...]: return shape[:axis] + (size,) + shape[axis + 1:]
@@ -389,3 +434,397 @@ class Flip(Function):
     return x.flip(axes)
   def backward(self, grad: LazyBuffer) -> LazyBuffer: return grad.flip(self.axes)
 
+
+# ---- convolution ----
+# A convolution is a windowed view of the input (movement ops only: pool_windows) multiplied by the
+# weight and summed: one reduce kernel, no im2col copy. Conv is one autograd node whose backward is two
+# more such window sums (or, for the input gradient of a small image with a wide kernel or of a strided
+# convolution, a matmul, or for a depthwise one a product, and a sum of shifted views), so no gradient
+# scatters overlapping windows. ConvTranspose is Conv's input gradient as a forward, so its backward is
+# Conv's forward and weight gradient. The helpers below record on LazyBuffers the ops Tensor methods
+# would (a broadcast multiply expands both sides; an integer sum is an int64 sum).
+
+@dataclass(frozen=True)
+class ConvGeometry:
+  stride: tuple[int, ...]
+  pads: tuple[tuple[int, int], ...]      # (before, after) per spatial dim
+  dilation: tuple[int, ...]
+  groups: int
+
+
+def pool_windows(x, kernel: tuple[int, ...], stride: tuple[int, ...], dilation: tuple[int, ...]):
+  """(..., *spatial) -> (..., *out, *kernel): every window of the last len(kernel) dims, as a view.
+  Movement ops only, which a Tensor (pooling, with autograd) and a LazyBuffer (Conv) spell alike."""
+  n = len(kernel)
+  lead, spatial = x.shape[:-n], x.shape[-n:]
+  outs = [(i - d * (k - 1) - 1) // s + 1 for i, k, s, d in zip(spatial, kernel, stride, dilation)]
+  nl = len(lead)
+  if all(k == s for k, s in zip(kernel, stride)) and all(d == 1 for d in dilation):
+    # non-overlapping windows: crop to whole windows, split each dim into (out, kernel)
+    x = x.shrink(tuple((0, s) for s in lead) + tuple((0, o * k) for o, k in zip(outs, kernel)))
+    x = x.reshape(lead + tuple(v for o, k in zip(outs, kernel) for v in (o, k)))
+    return x.permute(tuple(range(nl)) + tuple(nl + 2 * i for i in range(n)) + tuple(nl + 2 * i + 1 for i in range(n)))
+  # overlapping windows: repeat each dim e times, so that the row r of a (kernel, i+d) reshape starts
+  # r*d further into the input; a stride s step is then every s-th column
+  repeats = (1,) * nl + tuple(math.ceil(k * (i + d) / i) for i, k, d in zip(spatial, kernel, dilation))
+  x = x.reshape(tuple(v for s in x.shape for v in (1, s)))
+  x = x.expand(tuple(v for r, s in zip(repeats, lead + spatial) for v in (r, s)))
+  x = x.reshape(tuple(r * s for r, s in zip(repeats, lead + spatial)))
+  x = x.shrink(tuple((0, s) for s in lead) + tuple((0, k * (i + d)) for i, k, d in zip(spatial, kernel, dilation)))
+  x = x.reshape(lead + tuple(v for i, k, d in zip(spatial, kernel, dilation) for v in (k, i + d)))
+  # fit each row to o*s columns: cropped where it is longer, zero-padded where shorter
+  fit = tuple(p for i, d, o, s in zip(spatial, dilation, outs, stride) for p in ((0, 0), (0, o * s - (i + d))))
+  x = _pad(x, ((0, 0),) * nl + fit)
+  x = x.reshape(lead + tuple(v for k, o, s in zip(kernel, outs, stride) for v in (k, o, s)))
+  x = x.shrink(tuple((0, s) for s in lead) + tuple(w for k, o in zip(kernel, outs) for w in ((0, k), (0, o), (0, 1))))
+  x = x.reshape(lead + tuple(v for k, o in zip(kernel, outs) for v in (k, o)))
+  return x.permute(tuple(range(nl)) + tuple(nl + 2 * i + 1 for i in range(n)) + tuple(nl + 2 * i for i in range(n)))
+
+
+def _pad(x, pairs: tuple[tuple[int, int], ...]):
+  """x (a Tensor or a LazyBuffer) padded with zeros by (before, after) per dim; a negative amount crops."""
+  if any(before < 0 or after < 0 for before, after in pairs):
+    x = x.shrink(tuple((max(0, -before), s - max(0, -after)) for (before, after), s in zip(pairs, x.shape)))
+    pairs = tuple((max(0, before), max(0, after)) for before, after in pairs)
+  return x.pad(pairs)
+
+
+def _mul(x: LazyBuffer, y: LazyBuffer) -> LazyBuffer:
+  """x * y broadcast against each other (numpy's rules)."""
+  ndim = max(len(x.shape), len(y.shape))
+  x, y = (t.reshape((1,) * (ndim - len(t.shape)) + t.shape) for t in (x, y))
+  shape = tuple(b if a == 1 else a for a, b in zip(x.shape, y.shape))
+  return x.expand(shape).e(BinaryOps.MUL, y.expand(shape))
+
+
+def _sum(x: LazyBuffer, axes: tuple[int, ...]) -> LazyBuffer:
+  """x summed over `axes` (negative ones count from the end), which are dropped."""
+  axes = tuple(a % len(x.shape) for a in axes)
+  if not x.dtype.is_float: x = x.cast(dtypes.int64)
+  return x.r(ReduceOps.SUM, axes).reshape(tuple(s for i, s in enumerate(x.shape) if i not in axes))
+
+
+def _dense(x: LazyBuffer) -> LazyBuffer:
+  """x in its own contiguous buffer, unless it is a view of a constant (the gradient of a sum): a
+  kernel reads a constant through any view, padding included, without memory."""
+  base = x.base
+  return x if base.op is LoadOps.CONST and base.realized is None else x.contiguous()
+
+
+def _padded(x: LazyBuffer, pads: tuple[tuple[int, int], ...]) -> LazyBuffer:
+  """(bs, c, *spatial) zero-padded by `pads`, in its own buffer: a padded read is a masked load, which the
+  code generator can only do lane by lane (and whose window view needs div/mod index math); a dense
+  padded copy costs one pass over the input and lets every window reduction over it run in SIMD."""
+  if all(p == (0, 0) for p in pads): return x
+  return _dense(_pad(x, ((0, 0), (0, 0)) + pads))
+
+
+# output channels per group below which a convolution's sum is laid out NCHW, SIMD lanes along the
+# output width, instead of channels-last: a channels-last sum runs its lanes over the output channels of
+# one group, and with too few of them (a depthwise convolution has one) the lanes gather the input from
+# channel planes apart, one element at a time. 8 (half an AVX-512 vector) still fill lanes along the
+# channels for any image width, where the width may divide no vector (NCHW would then be scalar)
+CHANNELS_LAST_MIN_OUT_GROUP = 8
+
+
+def _window_product(x: LazyBuffer, weight: LazyBuffer, geo: ConvGeometry) -> LazyBuffer:
+  """The convolution itself: windows of the padded input times the weight, summed. (bs, cin, *in) -> (bs, cout, *out)
+
+  With at least CHANNELS_LAST_MIN_OUT_GROUP output channels per group, the sum is laid out
+  channels-last, (bs, *out, cout), and returned as an NCHW view of it: output channels are the
+  contiguous axis of both the sum and a (channels-last) copy of the weight, while the input is the same
+  along it, so SIMD lanes run over output channels for any image width, and each weight vector is
+  reused across neighbouring output positions (the same register tile as a matmul). With fewer (a
+  depthwise convolution), it is laid out NCHW: the input's windows and the sum are both contiguous
+  along the output width (at stride 1), the lanes run there, and the weight is one value per lane.
+  """
+  n, bs = len(geo.stride), x.shape[0]
+  cout, cin_group = weight.shape[:2]
+  kernel = weight.shape[2:]
+  x = _padded(x, geo.pads)
+  windows = pool_windows(x, kernel, geo.stride, geo.dilation)                 # (bs, cin, *out, *kernel)
+  outs = windows.shape[2:2 + n]
+  out_group = cout // geo.groups
+  windows = windows.reshape((bs, geo.groups, cin_group) + outs + kernel)
+  w = weight.reshape((geo.groups, out_group, cin_group) + kernel)
+  spatial, taps = tuple(3 + i for i in range(n)), tuple(3 + n + i for i in range(n))
+  if out_group < CHANNELS_LAST_MIN_OUT_GROUP:
+    # windows as (bs, groups, 1, *out, cin_group, *kernel), weight as (1, groups, out_group, *1, cin_group, *kernel)
+    windows = windows.permute((0, 1) + spatial + (2,) + taps).reshape((bs, geo.groups, 1) + outs + (cin_group,) + kernel)
+    w = w.reshape((1, geo.groups, out_group) + (1,) * n + (cin_group,) + kernel)
+    return _sum(_mul(windows, w), tuple(range(-1 - n, 0))).reshape((bs, cout) + outs)
+  # windows as (bs, *out, groups, 1, cin_group, *kernel), weight as (1, *1, groups, out_group, cin_group, *kernel)
+  windows = windows.permute((0,) + spatial + (1, 2) + taps).reshape((bs,) + outs + (geo.groups, 1, cin_group) + kernel)
+  w = w.permute((0, 2) + tuple(3 + i for i in range(n)) + (1,)).contiguous()    # (groups, cin_group, *kernel, out_group)
+  w = w.permute((0, 2 + n, 1) + tuple(2 + i for i in range(n))).reshape((1,) * (1 + n) + (geo.groups, out_group, cin_group) + kernel)
+  out = _sum(_mul(windows, w), tuple(range(-1 - n, 0))).reshape((bs,) + outs + (cout,))
+  # (bs, cout, *out) as a view of the channels-last sum: elementwise ops and reductions on it (bias,
+  # ReLU, pooling) keep that layout (lazy.py), with SIMD lanes along the channels
+  return out.permute((0, n + 1) + tuple(1 + i for i in range(n)))
+
+
+def _spread(x: LazyBuffer, stride: tuple[int, ...]) -> LazyBuffer:
+  """(bs, c, *spatial) with stride-1 zeros between neighbours: the input of a transposed convolution."""
+  if all(s == 1 for s in stride): return x
+  bs, c, spatial = x.shape[0], x.shape[1], x.shape[2:]
+  x = x.reshape((bs, c) + tuple(v for i in spatial for v in (i, 1)))
+  x = x.pad(((0, 0), (0, 0)) + tuple(p for s in stride for p in ((0, 0), (0, s - 1))))
+  x = x.reshape((bs, c) + tuple(i * s for i, s in zip(spatial, stride)))
+  return x.shrink(((0, bs), (0, c)) + tuple((0, (i - 1) * s + 1) for i, s in zip(spatial, stride)))
+
+
+def _flipped_transposed(weight: LazyBuffer, groups: int) -> LazyBuffer:
+  """(cout, cin/groups, *k) -> (cin, cout/groups, *k) with every kernel flipped: the weight of the transposed convolution."""
+  cout, cin_group = weight.shape[:2]
+  kernel = weight.shape[2:]
+  w = weight.reshape((groups, cout // groups, cin_group) + kernel).permute((0, 2, 1) + tuple(range(3, 3 + len(kernel))))
+  return w.flip((False,) * 3 + (True,) * len(kernel)).reshape((groups * cin_group, cout // groups) + kernel)
+
+
+# a channels-last copy of the output gradient pays for itself when each of its elements feeds this
+# many multiply-adds of the weight gradient (cin/groups * kernel size); below, the copy costs more
+CHANNELS_LAST_GRAD_MIN_WORK = 128
+# the weight gradient re-reads the whole output gradient once per register tile of weights: from L2 when
+# it is at most this big (half of a 2 MiB L2), else the batch is summed in parts that fit
+WEIGHT_GRAD_PART_BYTES = 1 << 20
+
+
+def _weight_gradient_is_channels_last(weight: LazyBuffer, grad: LazyBuffer) -> bool:
+  """Whether the weight gradient reads a channels-last copy of the output gradient (see below)."""
+  # a gradient that is channels-last already (the ops after the convolution kept its layout) needs no
+  # copy for that path, and an NCHW copy of it is a transposing kernel that doesn't vectorize (3.7 ms
+  # of a 24 ms CNN step): it always takes that path
+  return weight.size // weight.shape[0] >= CHANNELS_LAST_GRAD_MIN_WORK or grad.st.permuted_order is not None
+
+
+def _weight_gradient(windows: LazyBuffer, grad: LazyBuffer, groups: int, out_group: int,
+                     grad_cl: LazyBuffer | None) -> LazyBuffer:
+  """Windows (bs, groups, cin_group, *out, *kernel) times the output gradient (bs, cout, *out), summed over
+  batch and positions: (groups, out_group, cin_group, *kernel), as a view. `grad_cl` is the gradient's
+  channels-last copy when the caller has made one."""
+  bs, cin_group = windows.shape[0], windows.shape[2]
+  n = (len(windows.shape) - 3) // 2
+  outs, kernel = windows.shape[3:3 + n], windows.shape[3 + n:]
+  # (bs, *out) go last, to be reduced
+  windows = windows.permute((1, 2) + tuple(3 + n + i for i in range(n)) + (0,) + tuple(3 + i for i in range(n)))
+  parts = _batch_parts(bs, math.prod(outs) * groups * out_group * grad.dtype.itemsize)
+  if grad_cl is None:
+    # outputs (groups, out_group, cin_group, *kernel): SIMD lanes run along the output width, a reduce axis
+    # summed over the batch in parts that fit L2, as below
+    windows = windows.reshape((groups, 1, cin_group) + kernel + (parts, bs // parts) + outs)
+    windows = windows.permute((3 + n,) + tuple(i for i in range(len(windows.shape)) if i != 3 + n))
+    grad_r = grad.reshape((bs, groups, out_group) + outs).permute((1, 2, 0) + tuple(3 + i for i in range(n)))
+    grad_r = grad_r.reshape((groups, out_group, parts, bs // parts) + outs).permute((2, 0, 1) + tuple(range(3, 4 + n)))
+    grad_r = grad_r.reshape((parts, groups, out_group, 1) + (1,) * n + (bs // parts,) + outs)
+    return _sum(_sum(_mul(windows, grad_r), tuple(range(-1 - n, 0))), (0,))
+  # outputs (groups, cin_group, *kernel, out_group): like the forward, SIMD lanes run over output channels,
+  # contiguous in a channels-last copy of the gradient, and each gradient vector serves several weights
+  # the batch is cut into `parts` (an outer, parallel axis) whose weight gradients are summed after:
+  # each part's gradient then stays in L2 while every register tile of weights streams over it
+  windows = windows.reshape((groups, cin_group) + kernel + (parts, bs // parts) + outs)
+  windows = windows.permute((2 + n,) + tuple(i for i in range(len(windows.shape)) if i != 2 + n))
+  windows = windows.reshape((parts, groups, cin_group) + kernel + (1, bs // parts) + outs)
+  grad_cl = grad_cl.reshape((bs,) + outs + (groups, out_group))
+  grad_cl = grad_cl.permute((1 + n, 2 + n, 0) + tuple(1 + i for i in range(n)))      # (groups, out_group, bs, *outs)
+  grad_cl = grad_cl.reshape((groups, out_group, parts, bs // parts) + outs).permute((2, 0, 1) + tuple(range(3, 4 + n)))
+  grad_cl = grad_cl.reshape((parts, groups, 1) + (1,) * n + (out_group, bs // parts) + outs)
+  out = _sum(_sum(_mul(windows, grad_cl), tuple(range(-1 - n, 0))), (0,))
+  return out.permute((0, 2 + n, 1) + tuple(2 + i for i in range(n)))
+
+
+# the input gradient as one convolution over the zero-padded (and, with a stride, spread) output
+# gradient multiplies every tap at every input position; for a small image and a wide kernel most of
+# those land in the padding (5x5 on 8x8 outputs: 144 positions x 25 taps where 64 x 25 are real), and
+# with stride 2 three in four land between the strides. At this much waste it is computed tap by tap
+# instead (_input_gradient_by_taps), which does only the real products but writes a buffer of every
+# output position times every tap and input channel, so it is capped
+TAPWISE_MIN_WASTE = 1.5
+TAPWISE_MAX_BYTES = 256 << 20
+
+
+def _channels_last(grad: LazyBuffer) -> LazyBuffer:
+  """(bs, c, *spatial) -> (bs, *spatial, c), contiguous (a constant gradient stays a view: no memory)."""
+  n = len(grad.shape) - 2
+  return _dense(grad.permute((0,) + tuple(2 + i for i in range(n)) + (1,)))
+
+
+def _tapwise_pays(x_shape: tuple[int, ...], weight: LazyBuffer, grad: LazyBuffer, geo: ConvGeometry) -> bool:
+  """Whether the input gradient should go tap by tap: a one-group or depthwise (one output channel per
+  group) convolution whose full-correlation form (over every input position, the gradient spread by
+  the stride) would waste TAPWISE_MIN_WASTE times the needed work, with a product buffer under
+  TAPWISE_MAX_BYTES."""
+  if geo.groups != 1 and weight.shape[0] != geo.groups: return False
+  ins, outs = x_shape[2:], grad.shape[2:]
+  products = x_shape[0] * math.prod(outs) * weight.size // weight.shape[0]
+  return math.prod(ins) >= TAPWISE_MIN_WASTE * math.prod(outs) and products * grad.dtype.itemsize <= TAPWISE_MAX_BYTES
+
+
+TapProducts = Callable[[tuple[int, ...]], tuple[LazyBuffer, LazyBuffer | None]]
+
+
+def _tap_products(grad_cl: LazyBuffer, weight: LazyBuffer, groups: int) -> TapProducts:
+  """For a tap, every output position's contribution through it to every input channel, from the
+  channels-last output gradient (bs, *out, cout):
+  products[b, *o, ci] = sum over the co of ci's group of grad[b, *o, co] * weight[co, ci % cin_group, *tap],
+  as tap -> (values (bs, *out, cin), factor (cin,) or None): products = values * factor."""
+  n = len(grad_cl.shape) - 2
+  lead = grad_cl.shape[:-1]
+  cout, cin_group = weight.shape[:2]
+  kernel = weight.shape[2:]
+  if groups == 1:
+    # one matmul for all taps: (cout, *kernel, cin), a product row over taps, then input channels (SIMD
+    # lanes of the tap sum); copied, as the matmul's lanes need them contiguous
+    weight_rows = weight.permute((0,) + tuple(2 + i for i in range(n)) + (1,)).contiguous()
+    weight_rows = weight_rows.reshape((cout, weight.size // cout))
+    products = _matmul(grad_cl.reshape((math.prod(lead), cout)), weight_rows)[0].reshape(lead + kernel + (cin_group,))
+    def tap_slice(tap: tuple[int, ...]) -> tuple[LazyBuffer, LazyBuffer | None]:
+      piece = products.shrink(tuple((0, size) for size in lead) + tuple((k, k + 1) for k in tap) + ((0, cin_group),))
+      return piece.reshape(lead + (cin_group,)), None
+    return tap_slice
+  # depthwise (one output channel per group): nothing to sum, each channel's gradient times its tap
+  # weight. The factor stays apart so the tap sum shifts the gradient itself, a view of memory, and
+  # multiplies as it reads (a product per tap would be a buffer as big as the gradient)
+  spread_over_group = grad_cl.reshape(lead + (cout, 1)).expand(lead + (cout, cin_group)).reshape(lead + (cout * cin_group,))
+  # (*kernel, cin): each tap's factors contiguous, like the SIMD lanes that read them
+  taps = weight.permute(tuple(2 + i for i in range(n)) + (0, 1)).contiguous().reshape(kernel + (cout * cin_group,))
+  def tap_factor(tap: tuple[int, ...]) -> tuple[LazyBuffer, LazyBuffer | None]:
+    factor = taps.shrink(tuple((k, k + 1) for k in tap) + ((0, cout * cin_group),)).reshape((cout * cin_group,))
+    return spread_over_group, factor
+  return tap_factor
+
+
+def _input_gradient_by_taps(grad_cl: LazyBuffer, weight: LazyBuffer, geo: ConvGeometry,
+                            x_shape: tuple[int, ...]) -> LazyBuffer:
+  """The input gradient of a one-group or depthwise convolution from its channels-last output gradient (bs, *out, cout).
+
+  _tap_products gives every output position's contribution through every tap (one matmul with one
+  group, a broadcast product for a depthwise convolution), and each input position
+  y = o*stride + k*dilation - pad_before sums the products that reach it. Each input axis is seen as
+  (q, r) with y = q*stride + r: a tap reaches one r only, and moves q one step per output position, so
+  its products are one shifted, zero-padded view, and all taps add up in one elementwise kernel.
+  Returns (bs, cin, *in), a view of channels-last memory."""
+  n, bs, cin = len(geo.stride), x_shape[0], x_shape[1]
+  ins, outs = x_shape[2:], grad_cl.shape[1:1 + n]
+  kernel = weight.shape[2:]
+  products_at = _tap_products(grad_cl, weight, geo.groups)
+  rows = [-(-size // s) for size, s in zip(ins, geo.stride)]      # q's extent per axis
+  total = None
+  for tap in itertools.product(*(range(k) for k in kernel)):
+    keep, pads = [], []
+    for o, k, d, (before, _), s, q_size in zip(outs, tap, geo.dilation, geo.pads, geo.stride, rows):
+      r = (k * d - before) % s
+      shift = (k * d - before - r) // s       # the q that output position 0 reaches
+      lo, hi = max(0, -shift), min(o, q_size - shift)
+      keep.append((lo, hi))
+      pads += [(lo + shift, q_size - hi - shift), (r, s - 1 - r)]
+    if any(lo >= hi for lo, hi in keep): continue   # a tap that reaches only padding
+    values, factor = products_at(tap)
+    piece = values.shrink(((0, bs),) + tuple(keep) + ((0, cin),))
+    piece = piece.reshape((bs,) + tuple(v for lo, hi in keep for v in (hi - lo, 1)) + (cin,))
+    piece = piece.pad(((0, 0),) + tuple(pads) + ((0, 0),))
+    if factor is not None: piece = _mul(piece, factor)
+    total = piece if total is None else total.e(BinaryOps.ADD, piece)
+  if total is None:     # every window lies in the padding (or between the strides): no gradient reaches x
+    return LazyBuffer.full(0, (bs, cin) + ins, grad_cl.dtype, grad_cl.device)
+  total = total.reshape((bs,) + tuple(q * s for q, s in zip(rows, geo.stride)) + (cin,))
+  total = total.shrink(((0, bs),) + tuple((0, size) for size in ins) + ((0, cin),))
+  return total.permute((0, n + 1) + tuple(1 + i for i in range(n)))
+
+
+def _batch_parts(bs: int, sample_bytes: int) -> int:
+  """The fewest parts (a divisor of bs) whose share of the output gradient fits WEIGHT_GRAD_PART_BYTES."""
+  return next((p for p in range(1, bs + 1) if bs % p == 0 and bs // p * sample_bytes <= WEIGHT_GRAD_PART_BYTES), bs)
+
+
+def _conv_forward(x: LazyBuffer, weight: LazyBuffer, geo: ConvGeometry) -> tuple[LazyBuffer, LazyBuffer]:
+  """(the convolution, the padded input its windows read): the weight gradient reads the same copy."""
+  # a channels-last input (the previous convolution's output, kept in its layout through ReLU) is
+  # copied to NCHW once: both window sums of this convolution read it many times over
+  if x.st.permuted_order is not None: x = x.contiguous()
+  x_padded = _padded(x, geo.pads)
+  unpadded = ConvGeometry(geo.stride, ((0, 0),) * len(geo.stride), geo.dilation, geo.groups)
+  return _window_product(x_padded, weight, unpadded), x_padded
+
+
+def _conv_input_gradient(grad: LazyBuffer, grad_cl: LazyBuffer | None, weight: LazyBuffer, geo: ConvGeometry,
+                         x_shape: tuple[int, ...]) -> LazyBuffer:
+  """d(conv)/dx: tap by tap from the channels-last gradient grad_cl when the caller made one for that
+  (_tapwise_pays), else the gradient spread by the stride, convolved with the flipped weight."""
+  if grad_cl is not None: return _input_gradient_by_taps(grad_cl, weight, geo, x_shape)
+  kernel, outs = weight.shape[2:], grad.shape[2:]
+  # pad the spread gradient so the "full" correlation lands exactly on the unpadded input
+  pads = []
+  for size, k, d, (before, after), o, s in zip(x_shape[2:], kernel, geo.dilation, geo.pads, outs, geo.stride):
+    uncovered = size + before + after - ((o - 1) * s + d * (k - 1) + 1)     # trailing rows no window reached
+    pads.append((d * (k - 1) - before, d * (k - 1) - after + uncovered))
+  return _window_product(_spread(grad, geo.stride), _flipped_transposed(weight, geo.groups),
+                         ConvGeometry((1,) * len(geo.stride), tuple(pads), geo.dilation, geo.groups))
+
+
+def _conv_weight_gradient(x_padded: LazyBuffer, grad: LazyBuffer, grad_cl: LazyBuffer | None, weight_shape: tuple[int, ...],
+                          geo: ConvGeometry) -> LazyBuffer:
+  """d(conv)/dweight from the padded input and the output gradient (bs, cout, *out); `grad_cl` is its
+  channels-last copy when the weight gradient reads that one (_weight_gradient_is_channels_last)."""
+  bs, outs = x_padded.shape[0], grad.shape[2:]
+  cout, cin_group = weight_shape[:2]
+  kernel = weight_shape[2:]
+  windows = pool_windows(x_padded, kernel, geo.stride, geo.dilation)
+  # positions past the last output row (a transposed convolution's output_padding) reach no output
+  lead = tuple((0, s) for s in windows.shape[:2])
+  windows = windows.shrink(lead + tuple((0, o) for o in outs) + tuple((0, k) for k in kernel))
+  windows = windows.reshape((bs, geo.groups, cin_group) + outs + kernel)
+  return _weight_gradient(windows, grad, geo.groups, cout // geo.groups, grad_cl).reshape(weight_shape)
+
+
+class Conv(Function):
+  """A convolution as one autograd node, so that its backward is made of convolutions too (as in PyTorch).
+
+  Left to the movement ops' own rules, the input gradient would scatter-add overlapping windows back
+  into place, a kernel whose index math (div/mod through stacked views) can't be vectorized. Here:
+    input gradient  = the output gradient, spread by the stride, convolved with the flipped weight;
+    weight gradient = the input's windows times the output gradient, summed over batch and positions.
+  Both are window reductions like the forward. Where most of the input gradient's products would fall
+  in the zero padding or between the strides, it is computed tap by tap instead (_input_gradient_by_taps).
+  (No second derivatives: backward builds no graph.)
+  """
+  def forward(self, x: LazyBuffer, weight: LazyBuffer, geo: ConvGeometry) -> LazyBuffer:
+    self.x_shape, self.weight, self.geo = x.shape, weight, geo
+    out, self.x_padded = _conv_forward(x, weight, geo)
+    return out
+
+  def backward(self, grad: LazyBuffer) -> tuple[LazyBuffer | None, LazyBuffer | None]:
+    tapwise = self.needs_input_grad[0] and _tapwise_pays(self.x_shape, self.weight, grad, self.geo)
+    weight_reads_cl = self.needs_input_grad[1] and _weight_gradient_is_channels_last(self.weight, grad)
+    # both gradients may read a channels-last copy of the output gradient: it is made once
+    grad_cl = _channels_last(grad) if tapwise or weight_reads_cl else None
+    grad_x = grad_w = None
+    if self.needs_input_grad[0]:
+      grad_x = _conv_input_gradient(grad, grad_cl if tapwise else None, self.weight, self.geo, self.x_shape)
+    if self.needs_input_grad[1]:
+      grad_w = _conv_weight_gradient(self.x_padded, grad, grad_cl if weight_reads_cl else None, self.weight.shape, self.geo)
+    return grad_x, grad_w
+
+
+class ConvTranspose(Function):
+  """The transposed convolution of x (bs, cin, *in) by weight (cin, cout/groups, *k): the input gradient
+  of the convolution `geo` from out_shape to x's shape, with x as its output gradient. Where that
+  convolution would mostly multiply the zeros between the strides (stride 2: three in four products in
+  2-D), it goes tap by tap (64 -> 32 channels, 28x28 -> 56x56, batch 32, forward and backward:
+  103 -> 47-50 ms, PyTorch 36-44 ms). Its gradients are that convolution's forward (for x) and weight
+  gradient (for the weight)."""
+  def forward(self, x: LazyBuffer, weight: LazyBuffer, geo: ConvGeometry, out_shape: tuple[int, ...]) -> LazyBuffer:
+    self.x, self.weight, self.geo = x, weight, geo
+    tapwise = _tapwise_pays(out_shape, weight, x, geo)
+    return _conv_input_gradient(x, _channels_last(x) if tapwise else None, weight, geo, out_shape)
+
+  def backward(self, grad: LazyBuffer) -> tuple[LazyBuffer | None, LazyBuffer | None]:
+    out, grad_padded = _conv_forward(grad, self.weight, self.geo)
+    grad_x = grad_w = None
+    if self.needs_input_grad[0]:
+      # output positions past x's (an output_padding wider than the stride) reach no x
+      grad_x = out.shrink(tuple((0, s) for s in self.x.shape))
+    if self.needs_input_grad[1]:
+      weight_reads_cl = _weight_gradient_is_channels_last(self.weight, self.x)
+      x_cl = _channels_last(self.x) if weight_reads_cl else None
+      grad_w = _conv_weight_gradient(grad_padded, self.x, x_cl, self.weight.shape, self.geo)
+    return grad_x, grad_w

@@ -3,7 +3,8 @@
 in: primitive ops from function.py (elementwise, reduce, movement, load)
 out: a graph of LazyBuffers. A *base* LazyBuffer computes a contiguous buffer from its sources with
      one op; a *view* LazyBuffer is a ShapeTracker over a base (movement ops only make views, so they
-     never copy). realize() hands the bases to the scheduler (engine/schedule.py).
+     never copy). Running the graph is the engine's job (Tensor.realize hands the bases to it), and
+     reading a result back is view.read_view's.
 Two rewrites happen as ops are recorded (both off with NOOPT=1):
   - layout: an elementwise op whose inputs are all the same permutation of contiguous buffers (a
     convolution's channels-last result seen as NCHW), or a reduce over such a view, is computed in
@@ -166,20 +167,6 @@ class LazyBuffer:
   def pad(self, arg: tuple[tuple[int, int], ...]) -> LazyBuffer: return self._view(self.st.pad(tuple(arg)))
   def shrink(self, arg: tuple[tuple[int, int], ...]) -> LazyBuffer: return self._view(self.st.shrink(tuple(arg)))
   def flip(self, axes: tuple[bool, ...]) -> LazyBuffer: return self._view(self.st.flip(tuple(axes)))
-
-  # ---- running ----
-  def realize(self) -> LazyBuffer:
-    from tinychad.engine.realize import realize
-    realize([self])
-    return self
-
-  def numpy(self) -> np.ndarray:
-    """The values as a fresh numpy array of self.shape (realizes first)."""
-    from tinychad.runtime.ops_numpy import read_view
-    if self.base.op is LoadOps.CONST and not self.is_realized:
-      return read_view(np.array([self.base.arg], dtype=self.dtype.np), self.st, self.dtype).copy()
-    self.realize()
-    return read_view(self.base.realized.as_numpy(), self.st, self.dtype).copy()
 
 
 @functools.lru_cache(maxsize=1024)

@@ -26,13 +26,14 @@ from tinychad.device import Device
 from tinychad.dtype import DType, dtypes, result_type, scalar_dtype, promote_types
 from tinychad.engine.jit import note_assign, note_random
 from tinychad.engine.realize import realize
+from tinychad.engine.schedule import create_schedule
 from tinychad.helpers import argfix, prod
 from tinychad.lazy import LazyBuffer
-from tinychad.ops import BinaryOps
+from tinychad.ops import BinaryOps, LoadOps
+from tinychad.view import read_view
 
 Scalar = int | float | bool
 CUMSUM_BLOCK = 32   # a cumsum row longer than this is summed in blocks (Tensor._running_sum)
-CAT_MAX_PIECES = 16  # a cat of more tensors goes in two steps (Tensor.cat)
 
 
 def _shape_str(shape) -> str: return str(tuple(int(s) for s in shape))
@@ -106,25 +107,19 @@ class Tensor:
     """Compute this tensor (and `others`) now, in one schedule."""
     realize([t.lazydata for t in (self,) + others])
     return self
-  exec = realize
 
   def schedule(self) -> list:
     """The kernels a realize of this tensor would run, without running them."""
-    from tinychad.engine.schedule import create_schedule
     return create_schedule([self.lazydata])
 
-  def get_buffers(self) -> list[tuple[str, tuple[int, ...], str]]:
-    """The buffers a realize needs: (role, shape, dtype) for each input and each buffer computed."""
-    out, seen = [], set()
-    for item in self.schedule():
-      for inp in item.inputs:
-        if inp.realized is not None and id(inp) not in seen:
-          seen.add(id(inp))
-          out.append(("input", inp.shape, inp.dtype.name))
-      out.append(("output" if item.output is self.lazydata.base else "intermediate", item.output.shape, item.output.dtype.name))
-    return out
-
-  def numpy(self) -> np.ndarray: return self.lazydata.numpy()
+  def numpy(self) -> np.ndarray:
+    """The values as a fresh numpy array of self.shape (realizes first; a constant needs no kernel)."""
+    lb = self.lazydata
+    base = lb.base
+    if base.op is LoadOps.CONST and base.realized is None:
+      return read_view(np.array([base.arg], dtype=lb.dtype.np), lb.st, lb.dtype).copy()
+    realize([lb])
+    return read_view(base.realized.as_numpy(), lb.st, lb.dtype).copy()
   def tolist(self): return self.numpy().tolist()
   def item(self) -> Scalar:
     if self.numel() != 1: raise ValueError(f"item() needs a tensor with one element, got shape {_shape_str(self.shape)}")
@@ -486,21 +481,7 @@ class Tensor:
       if t.ndim != self.ndim or any(a != b for i, (a, b) in enumerate(zip(t.shape, self.shape)) if i != dim):
         raise ValueError(f"cat: shapes {[_shape_str(x.shape) for x in tensors]} differ outside dim {dim}")
     dtype = promote_types(*[t.dtype for t in tensors])
-    if len(tensors) > CAT_MAX_PIECES:
-      # every piece is a padded view read by each output element: n pieces cost n reads per element.
-      # Groups of ~sqrt(n) are concatenated first (each its own kernel: the scheduler realizes a
-      # padded input), then the groups: 2*sqrt(n) reads (an LSTM's 150 steps: 150 -> 25)
-      size = math.isqrt(len(tensors) - 1) + 1
-      groups = [Tensor.cat(*tensors[i:i + size], dim=dim) for i in range(0, len(tensors), size)]
-      return Tensor.cat(*groups, dim=dim).cast(dtype)
-    total = sum(t.shape[dim] for t in tensors)
-    out, start = None, 0
-    for t in tensors:
-      size = t.shape[dim]
-      piece = t.cast(dtype).pad(tuple((start, total - start - size) if d == dim else (0, 0) for d in range(self.ndim)))
-      out = piece if out is None else (out | piece if dtype == dtypes.bool else out + piece)
-      start += size
-    return out
+    return F.Cat.apply(*[t.cast(dtype) for t in tensors], axis=dim)
 
   def stack(self, *others: Tensor, dim: int = 0) -> Tensor:
     """Tensor.stack(a, b, dim=d), a.stack(b, dim=d) (tinygrad's forms) or PyTorch's Tensor.stack([a, b], d): a method,
@@ -971,7 +952,6 @@ class Tensor:
     x = self.cast(dtype) if dtype is not None else self._float()
     shifted = x - x.max(axis, keepdim=True).detach()
     return shifted - shifted.exp().sum(axis, keepdim=True).log()
-  logsoftmax = log_softmax
 
   def argmax(self, axis: int | None = None, keepdim: bool = False, dim: int | None = None) -> Tensor:
     """Index of the first maximum (as PyTorch), found with a max over reversed positions."""
@@ -1122,9 +1102,6 @@ class Tensor:
   def nll_loss(self, target: Tensor, reduction: str = "mean", ignore_index: int = -100, weight: Tensor | None = None) -> Tensor:
     from tinychad.nn.functional import nll_loss
     return nll_loss(self, target, reduction, ignore_index, weight)
-  def NLLLoss(self, target) -> Tensor:
-    """The seed's name: mean negative log likelihood of `target` class indices under log-probabilities self."""
-    return self.nll_loss(target if isinstance(target, Tensor) else Tensor(np.asarray(target)))
   def binary_cross_entropy(self, target: Tensor, reduction: str = "mean") -> Tensor:
     from tinychad.nn.functional import binary_cross_entropy
     return binary_cross_entropy(self, target, reduction)
@@ -1249,14 +1226,3 @@ class no_grad(ContextDecorator):
     Tensor.no_grad = self.previous
     return False
 
-
-# the seed's lower-case name and its Linear layer
-tensor = Tensor
-
-
-def __getattr__(name: str):
-  # `from tinychad.tensor import Linear` works as in the seed, without an import cycle
-  if name == "Linear":
-    from tinychad.nn import Linear
-    return Linear
-  raise AttributeError(name)

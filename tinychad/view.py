@@ -5,11 +5,15 @@ out: a new View (shape, strides, offset, validity mask) or, when one view can't 
      a ShapeTracker holding a stack of views, where each view indexes the contiguous layout of the one below.
 `ShapeTracker.expr_idxs` turns an index per dimension into (buffer index, valid); it works on plain
 ints, numpy index arrays (the numpy device) and symbolic nodes (the code generators) alike.
+`read_view(flat, st, dtype)` reads the elements a tracker selects from a flat numpy buffer (for
+Tensor.numpy and the numpy device).
 """
 from __future__ import annotations
 from dataclasses import dataclass
 import functools
 from typing import Any, Callable
+import numpy as np
+from tinychad.dtype import DType
 from tinychad.helpers import prod
 
 Shape = tuple[int, ...]
@@ -339,3 +343,29 @@ def merge_views(below: View, top: View) -> View | None:
 def _contiguous_tracker(shape: Shape) -> ShapeTracker:
   # trackers are immutable, so every contiguous tensor of one shape can share one (and its hash)
   return ShapeTracker((View.create(shape),))
+
+
+def _strided(flat: np.ndarray, view: View) -> np.ndarray:
+  itemsize = flat.itemsize
+  return np.lib.stride_tricks.as_strided(flat[view.offset:], view.shape, tuple(st * itemsize for st in view.strides), writeable=False)
+
+
+def read_view(flat: np.ndarray, st: ShapeTracker, dtype: DType) -> np.ndarray:
+  """The elements `st` selects from the flat buffer, as an array of st.shape (a read-only view when one
+  view without a mask suffices; masked elements read zero)."""
+  shape = st.shape
+  if 0 in shape: return np.zeros(shape, dtype=dtype.np)
+  if len(st.views) == 1:
+    view = st.views[0]
+    if view.mask is None: return _strided(flat, view)
+    out = np.zeros(shape, dtype=dtype.np)
+    if any(lo >= hi for lo, hi in view.mask): return out
+    out[tuple(slice(lo, hi) for lo, hi in view.mask)] = _strided(flat, view.shrink(view.mask))
+    return out
+  grids = [np.arange(s).reshape([-1 if i == d else 1 for i in range(len(shape))]) for d, s in enumerate(shape)]
+  index, valid = st.expr_idxs(grids)
+  index = np.broadcast_to(np.asarray(index), shape)
+  if valid is False: return np.zeros(shape, dtype=dtype.np)
+  if valid is None: return flat[index]
+  valid = np.broadcast_to(valid, shape)
+  return np.where(valid, flat[np.where(valid, index, 0)], np.zeros((), dtype=dtype.np))

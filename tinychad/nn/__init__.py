@@ -54,7 +54,6 @@ class Linear(Module):
     return F.linear(x, self.weight, self.bias)
 
 
-
 class _ConvNd(Module):
   """Weight (out_channels, in_channels/groups, *kernel_size); PyTorch's init: kaiming_uniform(a=sqrt(5)),
   which works out to uniform(+-1/sqrt(fan_in)) for the weight and the bias alike."""

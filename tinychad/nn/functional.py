@@ -1,22 +1,16 @@
 """Neural-network functions built from Tensor ops: convolutions, pooling, einsum, losses, attention.
 
 in: Tensors (PyTorch's layouts: NCHW activations, (out, in/groups, kh, kw) conv weights)
-out: Tensors. A convolution is a windowed view of the input (movement ops only: `pool_windows`)
-multiplied by the weight and summed: one reduce kernel, no im2col copy. It is one autograd node
-(`Conv`) whose backward is two more such window sums (or, for the input gradient of a small image
-with a wide kernel or of a strided convolution, a matmul, or for a depthwise one a product, and a sum
-of shifted views), so no gradient scatters overlapping windows.
+out: Tensors. Arguments are checked here, at the user's call; a convolution and a transposed one are
+each one autograd node (function.py's Conv and ConvTranspose, with the window sums they compute and
+their backward), and pooling reduces over function.py's `pool_windows` views.
 """
 from __future__ import annotations
-import itertools
 import math
-from collections.abc import Callable
-from dataclasses import dataclass
 import numpy as np
+from tinychad import function as F
 from tinychad.dtype import dtypes, promote_types
-from tinychad.function import Function
-from tinychad.lazy import LazyBuffer
-from tinychad.ops import LoadOps
+from tinychad.function import ConvGeometry, pool_windows
 from tinychad.tensor import Tensor, _shape_str
 
 
@@ -46,31 +40,6 @@ def _check_windows(x_shape, pads, kernel, dilation, op: str) -> None:
                        f"{_shape_str(x_shape)} with padding {pads}")
 
 
-def pool_windows(x: Tensor, kernel: tuple[int, ...], stride: tuple[int, ...], dilation: tuple[int, ...]) -> Tensor:
-  """(..., *spatial) -> (..., *out, *kernel): every window of the last len(kernel) dims, as a view."""
-  n = len(kernel)
-  lead, spatial = x.shape[:-n], x.shape[-n:]
-  outs = [(i - d * (k - 1) - 1) // s + 1 for i, k, s, d in zip(spatial, kernel, stride, dilation)]
-  nl = len(lead)
-  if all(k == s for k, s in zip(kernel, stride)) and all(d == 1 for d in dilation):
-    # non-overlapping windows: crop to whole windows, split each dim into (out, kernel)
-    x = x.shrink(tuple((0, s) for s in lead) + tuple((0, o * k) for o, k in zip(outs, kernel)))
-    x = x.reshape(lead + tuple(v for o, k in zip(outs, kernel) for v in (o, k)))
-    return x.permute(tuple(range(nl)) + tuple(nl + 2 * i for i in range(n)) + tuple(nl + 2 * i + 1 for i in range(n)))
-  # overlapping windows: repeat each dim e times, so that the row r of a (kernel, i+d) reshape starts
-  # r*d further into the input; a stride s step is then every s-th column
-  repeats = [math.ceil(k * (i + d) / i) for i, k, d in zip(spatial, kernel, dilation)]
-  x = x.repeat((1,) * nl + tuple(repeats))
-  x = x.shrink(tuple((0, s) for s in lead) + tuple((0, k * (i + d)) for i, k, d in zip(spatial, kernel, dilation)))
-  x = x.reshape(lead + tuple(v for i, k, d in zip(spatial, kernel, dilation) for v in (k, i + d)))
-  fit = [(0, 0)] * nl + [p for i, d, o, s in zip(spatial, dilation, outs, stride) for p in ((0, 0), (0, o * s - (i + d)))]
-  x = x.pad(tuple(fit))
-  x = x.reshape(lead + tuple(v for k, o, s in zip(kernel, outs, stride) for v in (k, o, s)))
-  x = x.shrink(tuple((0, s) for s in lead) + tuple(w for k, o in zip(kernel, outs) for w in ((0, k), (0, o), (0, 1))))
-  x = x.reshape(lead + tuple(v for k, o in zip(kernel, outs) for v in (k, o)))
-  return x.permute(tuple(range(nl)) + tuple(nl + 2 * i + 1 for i in range(n)) + tuple(nl + 2 * i for i in range(n)))
-
-
 def _padding_pairs(padding, kernel, dilation, n: int, op: str) -> tuple[tuple[int, int], ...]:
   if padding == "valid": return ((0, 0),) * n
   if padding == "same":
@@ -78,290 +47,6 @@ def _padding_pairs(padding, kernel, dilation, n: int, op: str) -> tuple[tuple[in
     return tuple((t // 2, t - t // 2) for t in total)
   if isinstance(padding, (tuple, list)) and padding and isinstance(padding[0], (tuple, list)): return tuple(tuple(p) for p in padding)
   return tuple((p, p) for p in _tuple(padding, n, "padding", op))
-
-
-@dataclass(frozen=True)
-class ConvGeometry:
-  stride: tuple[int, ...]
-  pads: tuple[tuple[int, int], ...]      # (before, after) per spatial dim
-  dilation: tuple[int, ...]
-  groups: int
-
-
-def _dense(x: Tensor) -> Tensor:
-  """x in its own contiguous buffer, unless it is a view of a constant (the gradient of a sum): a
-  kernel reads a constant through any view, padding included, without memory."""
-  base = x.lazydata.base
-  return x if base.op is LoadOps.CONST and base.realized is None else x.contiguous()
-
-
-def _padded(x: Tensor, pads: tuple[tuple[int, int], ...]) -> Tensor:
-  """(bs, c, *spatial) zero-padded by `pads`, in its own buffer: a padded read is a masked load, which the
-  code generator can only do lane by lane (and whose window view needs div/mod index math); a dense
-  padded copy costs one pass over the input and lets every window reduction over it run in SIMD."""
-  if all(p == (0, 0) for p in pads): return x
-  return _dense(x.pad(((0, 0), (0, 0)) + pads))
-
-
-# output channels per group below which a convolution's sum is laid out NCHW, SIMD lanes along the
-# output width, instead of channels-last: a channels-last sum runs its lanes over the output channels of
-# one group, and with too few of them (a depthwise convolution has one) the lanes gather the input from
-# channel planes apart, one element at a time. 8 (half an AVX-512 vector) still fill lanes along the
-# channels for any image width, where the width may divide no vector (NCHW would then be scalar)
-CHANNELS_LAST_MIN_OUT_GROUP = 8
-
-
-def _window_product(x: Tensor, weight: Tensor, geo: ConvGeometry) -> Tensor:
-  """The convolution itself: windows of the padded input times the weight, summed. (bs, cin, *in) -> (bs, cout, *out)
-
-  With at least CHANNELS_LAST_MIN_OUT_GROUP output channels per group, the sum is laid out
-  channels-last, (bs, *out, cout), and returned as an NCHW view of it: output channels are the
-  contiguous axis of both the sum and a (channels-last) copy of the weight, while the input is the same
-  along it, so SIMD lanes run over output channels for any image width, and each weight vector is
-  reused across neighbouring output positions (the same register tile as a matmul). With fewer (a
-  depthwise convolution), it is laid out NCHW: the input's windows and the sum are both contiguous
-  along the output width (at stride 1), the lanes run there, and the weight is one value per lane.
-  """
-  n, bs = len(geo.stride), x.shape[0]
-  cout, cin_group = weight.shape[:2]
-  kernel = weight.shape[2:]
-  x = _padded(x, geo.pads)
-  windows = pool_windows(x, kernel, geo.stride, geo.dilation)                 # (bs, cin, *out, *kernel)
-  outs = windows.shape[2:2 + n]
-  out_group = cout // geo.groups
-  windows = windows.reshape((bs, geo.groups, cin_group) + outs + kernel)
-  w = weight.reshape((geo.groups, out_group, cin_group) + kernel)
-  spatial, taps = tuple(3 + i for i in range(n)), tuple(3 + n + i for i in range(n))
-  if out_group < CHANNELS_LAST_MIN_OUT_GROUP:
-    # windows as (bs, groups, 1, *out, cin_group, *kernel), weight as (1, groups, out_group, *1, cin_group, *kernel)
-    windows = windows.permute((0, 1) + spatial + (2,) + taps).reshape((bs, geo.groups, 1) + outs + (cin_group,) + kernel)
-    w = w.reshape((1, geo.groups, out_group) + (1,) * n + (cin_group,) + kernel)
-    return (windows * w).sum(tuple(range(-1 - n, 0))).reshape((bs, cout) + outs)
-  # windows as (bs, *out, groups, 1, cin_group, *kernel), weight as (1, *1, groups, out_group, cin_group, *kernel)
-  windows = windows.permute((0,) + spatial + (1, 2) + taps).reshape((bs,) + outs + (geo.groups, 1, cin_group) + kernel)
-  w = w.permute((0, 2) + tuple(3 + i for i in range(n)) + (1,)).contiguous()    # (groups, cin_group, *kernel, out_group)
-  w = w.permute((0, 2 + n, 1) + tuple(2 + i for i in range(n))).reshape((1,) * (1 + n) + (geo.groups, out_group, cin_group) + kernel)
-  out = (windows * w).sum(tuple(range(-1 - n, 0))).reshape((bs,) + outs + (cout,))
-  # (bs, cout, *out) as a view of the channels-last sum: elementwise ops and reductions on it (bias,
-  # ReLU, pooling) keep that layout (lazy.py), with SIMD lanes along the channels
-  return out.permute((0, n + 1) + tuple(1 + i for i in range(n)))
-
-
-def _spread(x: Tensor, stride: tuple[int, ...]) -> Tensor:
-  """(bs, c, *spatial) with stride-1 zeros between neighbours: the input of a transposed convolution."""
-  if all(s == 1 for s in stride): return x
-  bs, c, spatial = x.shape[0], x.shape[1], x.shape[2:]
-  x = x.reshape((bs, c) + tuple(v for i in spatial for v in (i, 1)))
-  x = x.pad(((0, 0), (0, 0)) + tuple(p for s in stride for p in ((0, 0), (0, s - 1))))
-  x = x.reshape((bs, c) + tuple(i * s for i, s in zip(spatial, stride)))
-  return x.shrink(((0, bs), (0, c)) + tuple((0, (i - 1) * s + 1) for i, s in zip(spatial, stride)))
-
-
-def _flipped_transposed(weight: Tensor, groups: int) -> Tensor:
-  """(cout, cin/groups, *k) -> (cin, cout/groups, *k) with every kernel flipped: the weight of the transposed convolution."""
-  cout, cin_group = weight.shape[:2]
-  kernel = weight.shape[2:]
-  w = weight.reshape((groups, cout // groups, cin_group) + kernel).transpose(1, 2)
-  return w.flip(*range(3, 3 + len(kernel))).reshape((groups * cin_group, cout // groups) + kernel)
-
-
-# a channels-last copy of the output gradient pays for itself when each of its elements feeds this
-# many multiply-adds of the weight gradient (cin/groups * kernel size); below, the copy costs more
-CHANNELS_LAST_GRAD_MIN_WORK = 128
-# the weight gradient re-reads the whole output gradient once per register tile of weights: from L2 when
-# it is at most this big (half of this Xeon's 2 MiB L2), else the batch is summed in parts that fit
-WEIGHT_GRAD_PART_BYTES = 1 << 20
-
-
-def _weight_gradient_is_channels_last(weight: Tensor, grad: Tensor) -> bool:
-  """Whether the weight gradient reads a channels-last copy of the output gradient (see below)."""
-  # a gradient that is channels-last already (the ops after the convolution kept its layout) needs no
-  # copy for that path, and an NCHW copy of it is a transposing kernel that doesn't vectorize (3.7 ms
-  # of a 24 ms CNN step): it always takes that path
-  return weight.numel() // weight.shape[0] >= CHANNELS_LAST_GRAD_MIN_WORK or grad.lazydata.st.permuted_order is not None
-
-
-def _weight_gradient(windows: Tensor, grad: Tensor, groups: int, out_group: int, grad_cl: Tensor | None) -> Tensor:
-  """Windows (bs, groups, cin_group, *out, *kernel) times the output gradient (bs, cout, *out), summed over
-  batch and positions: (groups, out_group, cin_group, *kernel), as a view. `grad_cl` is the gradient's
-  channels-last copy when the caller has made one."""
-  bs, cin_group = windows.shape[0], windows.shape[2]
-  n = (windows.ndim - 3) // 2
-  outs, kernel = windows.shape[3:3 + n], windows.shape[3 + n:]
-  # (bs, *out) go last, to be reduced
-  windows = windows.permute((1, 2) + tuple(3 + n + i for i in range(n)) + (0,) + tuple(3 + i for i in range(n)))
-  if grad_cl is None:
-    # outputs (groups, out_group, cin_group, *kernel): SIMD lanes run along the output width, a reduce axis
-    # summed over the batch in parts that fit L2, as below
-    parts = _batch_parts(bs, math.prod(outs) * groups * out_group * grad.dtype.itemsize)
-    windows = windows.reshape((groups, 1, cin_group) + kernel + (parts, bs // parts) + outs)
-    windows = windows.permute((3 + n,) + tuple(i for i in range(windows.ndim) if i != 3 + n))
-    grad_r = grad.reshape((bs, groups, out_group) + outs).permute((1, 2, 0) + tuple(3 + i for i in range(n)))
-    grad_r = grad_r.reshape((groups, out_group, parts, bs // parts) + outs).permute((2, 0, 1) + tuple(range(3, 4 + n)))
-    grad_r = grad_r.reshape((parts, groups, out_group, 1) + (1,) * n + (bs // parts,) + outs)
-    return (windows * grad_r).sum(tuple(range(-1 - n, 0))).sum(0)
-  # outputs (groups, cin_group, *kernel, out_group): like the forward, SIMD lanes run over output channels,
-  # contiguous in a channels-last copy of the gradient, and each gradient vector serves several weights
-  # the batch is cut into `parts` (an outer, parallel axis) whose weight gradients are summed after:
-  # each part's gradient then stays in L2 while every register tile of weights streams over it
-  parts = _batch_parts(bs, math.prod(outs) * groups * out_group * grad.dtype.itemsize)
-  windows = windows.reshape((groups, cin_group) + kernel + (parts, bs // parts) + outs)
-  windows = windows.permute((2 + n,) + tuple(i for i in range(windows.ndim) if i != 2 + n))
-  windows = windows.reshape((parts, groups, cin_group) + kernel + (1, bs // parts) + outs)
-  grad_cl = grad_cl.reshape((bs,) + outs + (groups, out_group))
-  grad_cl = grad_cl.permute((1 + n, 2 + n, 0) + tuple(1 + i for i in range(n)))      # (groups, out_group, bs, *outs)
-  grad_cl = grad_cl.reshape((groups, out_group, parts, bs // parts) + outs).permute((2, 0, 1) + tuple(range(3, 4 + n)))
-  grad_cl = grad_cl.reshape((parts, groups, 1) + (1,) * n + (out_group, bs // parts) + outs)
-  out = (windows * grad_cl).sum(tuple(range(-1 - n, 0))).sum(0)
-  return out.permute((0, 2 + n, 1) + tuple(2 + i for i in range(n)))
-
-
-# the input gradient as one convolution over the zero-padded (and, with a stride, spread) output
-# gradient multiplies every tap at every input position; for a small image and a wide kernel most of
-# those land in the padding (5x5 on 8x8 outputs: 144 positions x 25 taps where 64 x 25 are real), and
-# with stride 2 three in four land between the strides. At this much waste it is computed tap by tap
-# instead (_input_gradient_by_taps), which does only the real products but writes a buffer of every
-# output position times every tap and input channel, so it is capped
-TAPWISE_MIN_WASTE = 1.5
-TAPWISE_MAX_BYTES = 256 << 20
-
-
-def _channels_last(grad: Tensor) -> Tensor:
-  """(bs, c, *spatial) -> (bs, *spatial, c), contiguous (a constant gradient stays a view: no memory)."""
-  n = grad.ndim - 2
-  return _dense(grad.permute((0,) + tuple(2 + i for i in range(n)) + (1,)))
-
-
-def _tapwise_pays(x_shape: tuple[int, ...], weight: Tensor, grad: Tensor, geo: ConvGeometry) -> bool:
-  """Whether the input gradient should go tap by tap: a one-group or depthwise (one output channel per
-  group) convolution whose full-correlation form (over every input position, the gradient spread by
-  the stride) would waste TAPWISE_MIN_WASTE times the needed work, with a product buffer under
-  TAPWISE_MAX_BYTES."""
-  if geo.groups != 1 and weight.shape[0] != geo.groups: return False
-  ins, outs = x_shape[2:], grad.shape[2:]
-  products = x_shape[0] * math.prod(outs) * weight.numel() // weight.shape[0]
-  return math.prod(ins) >= TAPWISE_MIN_WASTE * math.prod(outs) and products * grad.dtype.itemsize <= TAPWISE_MAX_BYTES
-
-
-def _tap_products(grad_cl: Tensor, weight: Tensor, groups: int) -> Callable[[tuple[int, ...]], tuple[Tensor, Tensor | None]]:
-  """For a tap, every output position's contribution through it to every input channel, from the
-  channels-last output gradient (bs, *out, cout):
-  products[b, *o, ci] = sum over the co of ci's group of grad[b, *o, co] * weight[co, ci % cin_group, *tap],
-  as tap -> (values (bs, *out, cin), factor (cin,) or None): products = values * factor."""
-  n = grad_cl.ndim - 2
-  lead = grad_cl.shape[:-1]
-  cout, cin_group = weight.shape[:2]
-  kernel = weight.shape[2:]
-  if groups == 1:
-    # one matmul for all taps: (cout, *kernel, cin), a product row over taps, then input channels (SIMD
-    # lanes of the tap sum); copied, as the matmul's lanes need them contiguous
-    weight_rows = weight.permute((0,) + tuple(2 + i for i in range(n)) + (1,)).contiguous().reshape(cout, -1)
-    products = (grad_cl.reshape(-1, cout) @ weight_rows).reshape(lead + kernel + (cin_group,))
-    def tap_slice(tap: tuple[int, ...]) -> tuple[Tensor, Tensor | None]:
-      piece = products.shrink(tuple((0, size) for size in lead) + tuple((k, k + 1) for k in tap) + ((0, cin_group),))
-      return piece.reshape(lead + (cin_group,)), None
-    return tap_slice
-  # depthwise (one output channel per group): nothing to sum, each channel's gradient times its tap
-  # weight. The factor stays apart so the tap sum shifts the gradient itself, a view of memory, and
-  # multiplies as it reads (a product per tap would be a buffer as big as the gradient)
-  spread_over_group = grad_cl.reshape(lead + (cout, 1)).expand(lead + (cout, cin_group)).reshape(lead + (cout * cin_group,))
-  # (*kernel, cin): each tap's factors contiguous, like the SIMD lanes that read them
-  taps = weight.permute(tuple(2 + i for i in range(n)) + (0, 1)).contiguous().reshape(kernel + (cout * cin_group,))
-  def tap_factor(tap: tuple[int, ...]) -> tuple[Tensor, Tensor | None]:
-    return spread_over_group, taps.shrink(tuple((k, k + 1) for k in tap) + ((0, cout * cin_group),)).reshape(cout * cin_group)
-  return tap_factor
-
-
-def _input_gradient_by_taps(grad_cl: Tensor, weight: Tensor, geo: ConvGeometry, x_shape: tuple[int, ...]) -> Tensor:
-  """The input gradient of a one-group or depthwise convolution from its channels-last output gradient (bs, *out, cout).
-
-  _tap_products gives every output position's contribution through every tap (one matmul with one
-  group, a broadcast product for a depthwise convolution), and each input position
-  y = o*stride + k*dilation - pad_before sums the products that reach it. Each input axis is seen as
-  (q, r) with y = q*stride + r: a tap reaches one r only, and moves q one step per output position, so
-  its products are one shifted, zero-padded view, and all taps add up in one elementwise kernel.
-  Returns (bs, cin, *in), a view of channels-last memory."""
-  n, bs, cin = len(geo.stride), x_shape[0], x_shape[1]
-  ins, outs = x_shape[2:], grad_cl.shape[1:1 + n]
-  kernel = weight.shape[2:]
-  products_at = _tap_products(grad_cl, weight, geo.groups)
-  rows = [-(-size // s) for size, s in zip(ins, geo.stride)]      # q's extent per axis
-  total = None
-  for tap in itertools.product(*(range(k) for k in kernel)):
-    keep, pads = [], []
-    for o, k, d, (before, _), s, q_size in zip(outs, tap, geo.dilation, geo.pads, geo.stride, rows):
-      r = (k * d - before) % s
-      shift = (k * d - before - r) // s       # the q that output position 0 reaches
-      lo, hi = max(0, -shift), min(o, q_size - shift)
-      keep.append((lo, hi))
-      pads += [(lo + shift, q_size - hi - shift), (r, s - 1 - r)]
-    if any(lo >= hi for lo, hi in keep): continue   # a tap that reaches only padding
-    values, factor = products_at(tap)
-    piece = values.shrink(((0, bs),) + tuple(keep) + ((0, cin),))
-    piece = piece.reshape((bs,) + tuple(v for lo, hi in keep for v in (hi - lo, 1)) + (cin,))
-    piece = piece.pad(((0, 0),) + tuple(pads) + ((0, 0),))
-    if factor is not None: piece = piece * factor
-    total = piece if total is None else total + piece
-  if total is None:     # every window lies in the padding (or between the strides): no gradient reaches x
-    return Tensor.zeros((bs, cin) + ins, dtype=grad_cl.dtype, device=grad_cl.device)
-  total = total.reshape((bs,) + tuple(q * s for q, s in zip(rows, geo.stride)) + (cin,))
-  total = total.shrink(((0, bs),) + tuple((0, size) for size in ins) + ((0, cin),))
-  return total.permute((0, n + 1) + tuple(1 + i for i in range(n)))
-
-
-def _batch_parts(bs: int, sample_bytes: int) -> int:
-  """The fewest parts (a divisor of bs) whose share of the output gradient fits WEIGHT_GRAD_PART_BYTES."""
-  return next((p for p in range(1, bs + 1) if bs % p == 0 and bs // p * sample_bytes <= WEIGHT_GRAD_PART_BYTES), bs)
-
-
-class Conv(Function):
-  """A convolution as one autograd node, so that its backward is made of convolutions too (as in PyTorch).
-
-  Left to the movement ops' own rules, the input gradient would scatter-add overlapping windows back
-  into place, a kernel whose index math (div/mod through stacked views) can't be vectorized. Here:
-    input gradient  = the output gradient, spread by the stride, convolved with the flipped weight;
-    weight gradient = the input's windows times the output gradient, summed over batch and positions.
-  Both are window reductions like the forward. Where most of the input gradient's products would fall
-  in the zero padding or between the strides, it is computed tap by tap instead (_input_gradient_by_taps). (No second
-  derivatives: backward builds no graph.)
-  """
-  def forward(self, x: LazyBuffer, weight: LazyBuffer, geo: ConvGeometry) -> LazyBuffer:
-    # a channels-last input (the previous convolution's output, kept in its layout through ReLU) is
-    # copied to NCHW once: both window sums of this convolution read it many times over
-    if x.st.permuted_order is not None: x = x.contiguous()
-    self.x, self.weight, self.geo = Tensor(x, requires_grad=False), Tensor(weight, requires_grad=False), geo
-    # the padded input is made once: the weight gradient's windows read the same copy
-    self.x_padded = _padded(self.x, geo.pads)
-    unpadded = ConvGeometry(geo.stride, ((0, 0),) * len(geo.stride), geo.dilation, geo.groups)
-    return _window_product(self.x_padded, self.weight, unpadded).lazydata
-
-  def backward(self, grad_lazy: LazyBuffer) -> tuple[LazyBuffer | None, LazyBuffer | None]:
-    grad, geo, n = Tensor(grad_lazy, requires_grad=False), self.geo, len(self.geo.stride)
-    kernel, outs = self.weight.shape[2:], grad.shape[2:]
-    grad_x = grad_w = None
-    tapwise = self.needs_input_grad[0] and _tapwise_pays(self.x.shape, self.weight, grad, geo)
-    weight_reads_cl = self.needs_input_grad[1] and _weight_gradient_is_channels_last(self.weight, grad)
-    # both gradients may read a channels-last copy of the output gradient: it is made once
-    grad_cl = _channels_last(grad) if tapwise or weight_reads_cl else None
-    if tapwise:
-      grad_x = _input_gradient_by_taps(grad_cl, self.weight, geo, self.x.shape).lazydata
-    elif self.needs_input_grad[0]:
-      # pad the spread gradient so the "full" correlation lands exactly on the unpadded input
-      spread = _spread(grad, geo.stride)
-      pads = []
-      for size, k, d, (before, after), o, s in zip(self.x.shape[2:], kernel, geo.dilation, geo.pads, outs, geo.stride):
-        uncovered = size + before + after - ((o - 1) * s + d * (k - 1) + 1)     # trailing rows no window reached
-        pads.append((d * (k - 1) - before, d * (k - 1) - after + uncovered))
-      grad_x = _window_product(spread, _flipped_transposed(self.weight, geo.groups),
-                               ConvGeometry((1,) * n, tuple(pads), geo.dilation, geo.groups)).lazydata
-    if self.needs_input_grad[1]:
-      bs, cin = self.x.shape[:2]
-      cout, cin_group = self.weight.shape[:2]
-      out_group = cout // geo.groups
-      windows = pool_windows(self.x_padded, kernel, geo.stride, geo.dilation)
-      windows = windows.reshape((bs, geo.groups, cin_group) + outs + kernel)
-      grad_w = _weight_gradient(windows, grad, geo.groups, out_group, grad_cl if weight_reads_cl else None).reshape(self.weight.shape).lazydata
-    return grad_x, grad_w
 
 
 def conv(x: Tensor, weight: Tensor, bias: Tensor | None, stride, padding, dilation, groups: int, n: int, op: str) -> Tensor:
@@ -382,18 +67,13 @@ def conv(x: Tensor, weight: Tensor, bias: Tensor | None, stride, padding, dilati
   if x.dtype != weight.dtype:
     common = promote_types(x.dtype, weight.dtype)
     x, weight = x.cast(common), weight.cast(common)
-  out = Conv.apply(x, weight, geo=ConvGeometry(stride, pads, dilation, groups))
+  out = F.Conv.apply(x, weight, geo=ConvGeometry(stride, pads, dilation, groups))
   if bias is not None: out = out + bias.reshape((1, -1) + (1,) * n)
   return out.squeeze(0) if unbatched else out
 
 
 def conv_transpose(x: Tensor, weight: Tensor, bias: Tensor | None, stride, padding, output_padding, groups: int, dilation, n: int) -> Tensor:
-  """The gradient of a convolution: spread the input by `stride` (zeros between), then a convolution
-  with the flipped, channel-swapped weight and padding dilation*(k-1)-padding. Where that convolution
-  would mostly multiply the zeros between the strides (stride 2: three in four products in 2-D), it
-  is the input gradient of the convolution this one transposes, computed tap by tap instead
-  (_input_gradient_by_taps; 64 -> 32 channels, 28x28 -> 56x56, batch 32, forward and backward:
-  103 -> 47-50 ms, PyTorch 36-44 ms)."""
+  """The gradient of a convolution (F.ConvTranspose): PyTorch's conv_transpose{n}d."""
   op = f"conv_transpose{n}d"
   if x.ndim == n + 1: return conv_transpose(x.unsqueeze(0), weight, bias, stride, padding, output_padding, groups, dilation, n).squeeze(0)
   if x.ndim != n + 2 or weight.ndim != n + 2:
@@ -405,17 +85,18 @@ def conv_transpose(x: Tensor, weight: Tensor, bias: Tensor | None, stride, paddi
     raise ValueError(f"{op}: input {_shape_str(x.shape)} has {x.shape[1]} channels, weight {_shape_str(weight.shape)} expects {cin}")
   stride, dilation = _tuple(stride, n, "stride", op, positive=True), _tuple(dilation, n, "dilation", op, positive=True)
   padding, output_padding = _tuple(padding, n, "padding", op), _tuple(output_padding, n, "output_padding", op)
-  # the convolution this one transposes: from our output's shape to x's
-  geo = ConvGeometry(stride, tuple((p, p) for p in padding), dilation, groups)
   sizes = tuple((size - 1) * s - 2 * p + d * (k - 1) + extra + 1
                 for size, s, p, d, k, extra in zip(x.shape[2:], stride, padding, dilation, kernel, output_padding))
-  out_shape = (x.shape[0], out_group * groups) + sizes
-  if all(size > 0 for size in sizes) and _tapwise_pays(out_shape, weight, x, geo):
-    out = _input_gradient_by_taps(_channels_last(x), weight, geo, out_shape)
-    return out if bias is None else out + bias.reshape((1, -1) + (1,) * n)
-  x, w = _spread(x, stride), _flipped_transposed(weight, groups)
-  pads = tuple((d * (k - 1) - p, d * (k - 1) - p + op_) for k, d, p, op_ in zip(kernel, dilation, padding, output_padding))
-  return conv(x, w, bias, 1, pads, dilation, groups, n, op)
+  if any(size <= 0 for size in sizes):
+    raise ValueError(f"{op}: input {_shape_str(x.shape)} with kernel {_shape_str(kernel)}, stride {stride}, padding {padding}, "
+                     f"dilation {dilation} and output_padding {output_padding} gives output size {sizes}")
+  if x.dtype != weight.dtype:
+    common = promote_types(x.dtype, weight.dtype)
+    x, weight = x.cast(common), weight.cast(common)
+  # the convolution this one transposes: from our output's shape to x's
+  geo = ConvGeometry(stride, tuple((p, p) for p in padding), dilation, groups)
+  out = F.ConvTranspose.apply(x, weight, geo=geo, out_shape=(x.shape[0], out_group * groups) + sizes)
+  return out if bias is None else out + bias.reshape((1, -1) + (1,) * n)
 
 
 def _pool(x: Tensor, kernel: tuple[int, ...], stride: tuple[int, ...], dilation: tuple[int, ...], reduce) -> Tensor:

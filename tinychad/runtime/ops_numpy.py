@@ -9,32 +9,7 @@ from __future__ import annotations
 import numpy as np
 from tinychad.dtype import DType, dtypes
 from tinychad.ops import UnaryOps, BinaryOps, TernaryOps, ReduceOps, BufferOps, LoadOps, KernelNode
-from tinychad.view import ShapeTracker, View
-
-
-def _strided(flat: np.ndarray, view: View) -> np.ndarray:
-  itemsize = flat.itemsize
-  return np.lib.stride_tricks.as_strided(flat[view.offset:], view.shape, tuple(st * itemsize for st in view.strides), writeable=False)
-
-
-def read_view(flat: np.ndarray, st: ShapeTracker, dtype: DType) -> np.ndarray:
-  """The elements `st` selects from the flat buffer, as an array of st.shape (a view when possible)."""
-  shape = st.shape
-  if 0 in shape: return np.zeros(shape, dtype=dtype.np)
-  if len(st.views) == 1:
-    view = st.views[0]
-    if view.mask is None: return _strided(flat, view)
-    out = np.zeros(shape, dtype=dtype.np)
-    if any(lo >= hi for lo, hi in view.mask): return out
-    out[tuple(slice(lo, hi) for lo, hi in view.mask)] = _strided(flat, view.shrink(view.mask))
-    return out
-  grids = [np.arange(s).reshape([-1 if i == d else 1 for i in range(len(shape))]) for d, s in enumerate(shape)]
-  index, valid = st.expr_idxs(grids)
-  index = np.broadcast_to(np.asarray(index), shape)
-  if valid is False: return np.zeros(shape, dtype=dtype.np)
-  if valid is None: return flat[index]
-  valid = np.broadcast_to(valid, shape)
-  return np.where(valid, flat[np.where(valid, index, 0)], np.zeros((), dtype=dtype.np))
+from tinychad.view import read_view
 
 
 def _trunc_div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
