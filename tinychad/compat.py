@@ -5,7 +5,6 @@ seed's code looks for it, as an alias of today's name (or, for get_buffers, a sh
   tinychad.tensor.tensor      Tensor (the seed's lower-case class name: `tensor.randn(3, 28, 28)`)
   tinychad.tensor.Linear      tinychad.nn.Linear (`from tinychad.tensor import tensor, Linear`)
   tinychad.optim              the module tinychad.nn.optim (`from tinychad.optim import SGD`)
-  Linear.forward              Linear.__call__ (the seed called a layer's forward)
   Tensor.exec()               Tensor.realize()
   Tensor.get_buffers()        (role, shape, dtype) of each buffer a realize needs (Tensor.schedule())
   Tensor.NLLLoss(target)      Tensor.nll_loss, the target given as a tensor or any array of class indices
@@ -44,7 +43,6 @@ tensor_module.tensor = Tensor
 tensor_module.Linear = Linear
 # a module of another name: `import tinychad.optim` finds it in sys.modules, `tinychad.optim` as an attribute
 sys.modules["tinychad.optim"] = tinychad.optim = optim
-Linear.forward = Linear.__call__
 Tensor.exec = Tensor.realize
 Tensor.get_buffers = get_buffers
 Tensor.NLLLoss = NLLLoss
