@@ -9,6 +9,7 @@ import math
 from dataclasses import dataclass
 import tinychad.tensor as tensor_module   # tensor.py imports this module: Tensor is looked up at call time
 from tinychad.dtype import dtypes
+from tinychad.helpers import inverse_permutation
 from tinychad.lazy import LazyBuffer
 from tinychad.ops import UnaryOps, BinaryOps, TernaryOps, ReduceOps
 
@@ -296,9 +297,7 @@ class Permute(Function):
   def forward(self, x: LazyBuffer, order: tuple[int, ...]) -> LazyBuffer:
     self.order = order
     return x.permute(order)
-  def backward(self, grad: LazyBuffer) -> LazyBuffer:
-    inverse = tuple(sorted(range(len(self.order)), key=lambda i: self.order[i]))
-    return grad.permute(inverse)
+  def backward(self, grad: LazyBuffer) -> LazyBuffer: return grad.permute(inverse_permutation(self.order))
 
 
 class Expand(Function):

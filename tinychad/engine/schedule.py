@@ -48,7 +48,7 @@ from tinychad.codegen.opt import STAGE_MAX_BYTES, panel_width
 from tinychad.codegen.refine import refine_kernel_shape
 from tinychad.device import Buffer, Device
 from tinychad.engine.schedule_cache import graph_key, remember, remembered
-from tinychad.helpers import DEBUG, GlobalCounters, getenv, prod
+from tinychad.helpers import DEBUG, GlobalCounters, getenv, inverse_permutation, prod
 from tinychad.lazy import LazyBuffer
 from tinychad.ops import BufferOps, KernelNode, LoadOps, ReduceOps, ALU_OPS
 from tinychad.view import ShapeTracker
@@ -395,8 +395,7 @@ class _KernelBuilder:
       self.scheduler.packed[key] = LazyBuffer(base.device, kept, base.dtype, base=base).permute(order).contiguous()
     # base itself (reshaped) when it already holds its elements in panel order: then nothing is copied
     panels = self.scheduler.packed[key]
-    inverse = tuple(order.index(a) for a in range(len(order)))
-    return self.load(panels.base, ShapeTracker.from_shape(panels.shape).permute(inverse).expand(shape))
+    return self.load(panels.base, ShapeTracker.from_shape(panels.shape).permute(inverse_permutation(order)).expand(shape))
 
   def gather_node(self, out: LazyBuffer) -> KernelNode:
     """The GATHER leaf of `out`'s kernel: the index read over out's shape (broadcast along the row),
