@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 from tinychad.dtype import dtypes
 from tinychad.helpers import prod
+from tinychad.nn import functional as F
 from tinychad.tensor import Tensor
 
 
@@ -353,22 +354,27 @@ class MultiheadAttention(Module):
     def heads(x: Tensor, w: Tensor, b: Tensor | None, length: int) -> Tensor:  # (len, N, E) -> (N, H, len, E/H)
       return x.linear(w, b).reshape(length, N, H, E // H).permute(1, 2, 0, 3)
     q, k, v = heads(query, wq, bq, L), heads(key, wk, bk, S), heads(value, wv, bv, S)
-    scores = (q @ k.transpose(-1, -2)) * (1 / math.sqrt(E // H))
-    if is_causal and attn_mask is None: attn_mask = Tensor.ones(L, S, dtype=dtypes.bool, device=query.device).triu(1)
-    if attn_mask is not None:
-      mask = attn_mask.reshape(N, H, L, S) if attn_mask.ndim == 3 else attn_mask
-      scores = mask.where(-math.inf, scores) if mask.dtype == dtypes.bool else scores + mask
-    if key_padding_mask is not None:
-      padding = key_padding_mask.reshape(N, 1, 1, S)
-      scores = padding.where(-math.inf, scores) if padding.dtype == dtypes.bool else scores + padding
-    weights = scores.softmax(-1)
-    attended = weights.dropout(self.dropout) @ v                                 # (N, H, L, E/H)
+    mask = _merge_masks(attn_mask.reshape(N, H, L, S) if attn_mask is not None and attn_mask.ndim == 3 else attn_mask,
+                        key_padding_mask.reshape(N, 1, 1, S) if key_padding_mask is not None else None)
+    # an explicit attn_mask wins over the is_causal hint, as in PyTorch
+    attended, weights = F.attention(q, k, v, mask, self.dropout, is_causal and attn_mask is None)   # (N, H, L, E/H)
     out = self.out_proj(attended.permute(2, 0, 1, 3).reshape(L, N, E))
     if unbatched: out = out.squeeze(1)
     elif self.batch_first: out = out.transpose(0, 1)
     if not need_weights: return out, None
     weights = weights.mean(1) if average_attn_weights else weights
     return out, (weights.squeeze(0) if unbatched else weights)
+
+
+def _merge_masks(attn_mask: Tensor | None, key_padding_mask: Tensor | None) -> Tensor | None:
+  """MultiheadAttention's masks (bool True = may NOT attend, or float added to the scores) as one mask in
+  scaled_dot_product_attention's terms (bool True = may attend, or float added)."""
+  masks = [m.logical_not() if m.dtype == dtypes.bool else m for m in (attn_mask, key_padding_mask) if m is not None]
+  if not masks: return None
+  if len(masks) == 1: return masks[0]
+  if all(m.dtype == dtypes.bool for m in masks): return masks[0] & masks[1]
+  additive = [m.where(0.0, -math.inf) if m.dtype == dtypes.bool else m for m in masks]
+  return additive[0] + additive[1]
 
 
 class Sequential(Module, list):

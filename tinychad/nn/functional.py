@@ -579,6 +579,14 @@ def mse_loss(x: Tensor, target: Tensor, reduction: str = "mean") -> Tensor:
 
 def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None = None, dropout_p: float = 0.0,
                                  is_causal: bool = False, scale: float | None = None) -> Tensor:
+  """softmax(q k^T * scale + mask) v, as PyTorch's: attn_mask is bool (True = may attend) or float (added)."""
+  return attention(q, k, v, attn_mask, dropout_p, is_causal, scale)[0]
+
+
+def attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None = None, dropout_p: float = 0.0,
+              is_causal: bool = False, scale: float | None = None) -> tuple[Tensor, Tensor]:
+  """scaled_dot_product_attention's output and the attention weights it used (after dropout, as
+  MultiheadAttention returns them). Both are lazy: a caller that drops the weights computes nothing more."""
   if q.shape[-1] != k.shape[-1] or k.shape[-2] != v.shape[-2]:
     raise ValueError(f"scaled_dot_product_attention: q {_shape_str(q.shape)}, k {_shape_str(k.shape)}, v {_shape_str(v.shape)} don't fit")
   scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
@@ -597,11 +605,11 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Ten
   shifted = (scores - top).exp()
   weights = (top == -math.inf).where(0.0, shifted * shifted.sum(-1, keepdim=True).reciprocal())
   if dropout_p > 0: weights = weights.dropout(dropout_p)
-  if weights.ndim != 4 or v.ndim != 4: return weights @ v
+  if weights.ndim != 4 or v.ndim != 4: return weights @ v, weights
   # (batch, heads, L, E) computed in memory as (batch, L, heads, E), returned as a permuted view:
   # the usual next step, out.transpose(1, 2).reshape(batch, L, heads * E), is then free instead of a
   # strided read of every head inside the output projection's matmul
   batch, heads, length, source = weights.shape
   rows = weights.permute(0, 2, 1, 3).reshape(batch, length, heads, source, 1)
   values = v.expand(batch, heads, source, v.shape[-1]).reshape(batch, 1, heads, source, v.shape[-1])
-  return (rows * values).sum(3).permute(0, 2, 1, 3)
+  return (rows * values).sum(3).permute(0, 2, 1, 3), weights
