@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from tinychad.dtype import dtypes, promote_types
 from tinychad.function import Function
+from tinychad.indexing import out_of_bounds
 from tinychad.lazy import LazyBuffer
 from tinychad.ops import LoadOps
 from tinychad.tensor import Tensor, _shape_str
@@ -527,9 +528,8 @@ def nll_loss(logp: Tensor, target: Tensor, reduction: str = "mean", ignore_index
   if target.shape != (logp.shape[0],) + logp.shape[2:]:
     raise ValueError(f"nll_loss: target shape {_shape_str(target.shape)} doesn't match input shape {_shape_str(logp.shape)}")
   classes = logp.shape[1]
-  values = target.numpy()
-  bad = values[(values != ignore_index) & ((values < 0) | (values >= classes))]
-  if bad.size: raise IndexError(f"nll_loss: target {bad.flat[0]} is out of bounds for {classes} classes")
+  if (bad := out_of_bounds(target, classes, ignore=ignore_index)) is not None:
+    raise IndexError(f"nll_loss: target {bad} is out of bounds for {classes} classes")
   mask = _class_mask(target, classes, logp.ndim)
   picked = -mask.where(logp, 0).sum(1)
   keep = (target != ignore_index).cast(logp.dtype)
