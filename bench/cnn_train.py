@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 if __package__ in (None, ""): sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.common import Case, main, tinygrad_realize
+from bench.common import Case, bind, main, tinygrad_realize
 
 TITLE = "cnn train step"
 SHAPES = {"conv1": (32, 1, 5, 5), "conv2": (64, 32, 5, 5), "fc": (10, 1024)}
@@ -75,7 +75,7 @@ def tinygrad_step(batch: int):
 def cases(quick: bool) -> list[Case]:
   batch = 16 if quick else 128
   libraries = {"tinychad": tinychad_step, "torch": torch_step, "tinygrad": tinygrad_step}
-  return [Case(f"CNN train step b{batch} (Adam)", "ms", 0, {name: (lambda build=build: build(batch)) for name, build in libraries.items()},
+  return [Case(f"CNN train step b{batch} (Adam)", "ms", 0, bind(libraries, batch),
                repeats=3, warmup=1, missing_reason="numpy has no autograd")]
 
 
