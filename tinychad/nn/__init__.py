@@ -85,19 +85,18 @@ class _ConvNd(Module):
     self.weight = _uniform(out_channels, in_channels // groups, *self.kernel_size, bound=bound)
     self.bias = _uniform(out_channels, bound=bound) if bias else None
 
+  def __call__(self, x: Tensor) -> Tensor:
+    return F.conv(x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups, self.n, f"conv{self.n}d")
+
 
 class Conv1d(_ConvNd):
   """(N, C_in, L) -> (N, C_out, L_out)."""
   n = 1
-  def __call__(self, x: Tensor) -> Tensor:
-    return x.conv1d(self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
 
 
 class Conv2d(_ConvNd):
   """(N, C_in, H, W) -> (N, C_out, H_out, W_out)."""
   n = 2
-  def __call__(self, x: Tensor) -> Tensor:
-    return x.conv2d(self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
 
 
 class ConvTranspose2d(Module):

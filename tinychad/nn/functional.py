@@ -412,27 +412,27 @@ def _pool(x: Tensor, kernel: tuple[int, ...], stride: tuple[int, ...], dilation:
   return reduce(x, tuple(len(lead) + 2 * i + 1 for i in range(n))).contiguous()
 
 
-def max_pool(x: Tensor, kernel_size, stride, padding, dilation, n: int) -> Tensor:
-  op = f"max_pool{n}d"
+def _pool_arguments(x: Tensor, kernel_size, stride, padding, dilation, n: int, op: str):
+  """A pooling's arguments checked against x and spelled out: kernel, stride and dilation as n-tuples
+  (stride defaults to the kernel, as in PyTorch), and (before, after) pad pairs for every dim of x."""
   if x.ndim < n + 1: raise ValueError(f"{op}: input of shape {_shape_str(x.shape)} needs at least {n + 1} dims")
   kernel = _tuple(kernel_size, n, "kernel_size", op)
   stride = kernel if stride is None else _tuple(stride, n, "stride", op)
   dilation = _tuple(dilation, n, "dilation", op)
-  pads = _padding_pairs(padding, kernel, dilation, n, op)
+  return kernel, stride, dilation, ((0, 0),) * (x.ndim - n) + _padding_pairs(padding, kernel, dilation, n, op)
+
+
+def max_pool(x: Tensor, kernel_size, stride, padding, dilation, n: int) -> Tensor:
+  kernel, stride, dilation, pads = _pool_arguments(x, kernel_size, stride, padding, dilation, n, f"max_pool{n}d")
   fill = -math.inf if x.dtype.is_float else int(-2 ** (8 * x.dtype.itemsize - 1))
-  x = x.pad(((0, 0),) * (x.ndim - n) + pads, value=fill)
-  return _pool(x, kernel, stride, dilation, Tensor.max)
+  return _pool(x.pad(pads, value=fill), kernel, stride, dilation, Tensor.max)
 
 
 def avg_pool(x: Tensor, kernel_size, stride, padding, count_include_pad: bool, n: int) -> Tensor:
-  op = f"avg_pool{n}d"
-  if x.ndim < n + 1: raise ValueError(f"{op}: input of shape {_shape_str(x.shape)} needs at least {n + 1} dims")
-  kernel = _tuple(kernel_size, n, "kernel_size", op)
-  stride = kernel if stride is None else _tuple(stride, n, "stride", op)
-  pads = ((0, 0),) * (x.ndim - n) + _padding_pairs(padding, kernel, (1,) * n, n, op)
-  total = _pool(x.pad(pads), kernel, stride, (1,) * n, Tensor.sum)
+  kernel, stride, dilation, pads = _pool_arguments(x, kernel_size, stride, padding, 1, n, f"avg_pool{n}d")
+  total = _pool(x.pad(pads), kernel, stride, dilation, Tensor.sum)
   if count_include_pad: return total / math.prod(kernel)
-  counts = _pool(Tensor.ones(x.shape[-n:], device=x.device).pad(pads[-n:]), kernel, stride, (1,) * n, Tensor.sum)
+  counts = _pool(Tensor.ones(x.shape[-n:], device=x.device).pad(pads[-n:]), kernel, stride, dilation, Tensor.sum)
   return total / counts
 
 
