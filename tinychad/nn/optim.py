@@ -31,6 +31,10 @@ class Optimizer:
   @lr.setter
   def lr(self, value: float) -> None: self._lr.assign(self._scalar(value))
 
+  def _zeros(self) -> list[Tensor]:
+    """A zero buffer per parameter (its shape, dtype and device): optimizer state that step() assigns to."""
+    return [Tensor.zeros(p.shape, dtype=p.dtype, device=p.device).contiguous() for p in self.params]
+
   def zero_grad(self) -> None:
     for p in self.params: p.grad = None
 
@@ -75,8 +79,7 @@ class Adam(Optimizer):
     super().__init__(params, lr)
     if not (0 <= betas[0] < 1 and 0 <= betas[1] < 1): raise ValueError(f"{type(self).__name__}: invalid betas {betas}")
     self.betas, self.eps, self.weight_decay = betas, eps, weight_decay
-    self.m = [Tensor.zeros(p.shape, dtype=p.dtype, device=p.device).contiguous() for p in self.params]
-    self.v = [Tensor.zeros(p.shape, dtype=p.dtype, device=p.device).contiguous() for p in self.params]
+    self.m, self.v = self._zeros(), self._zeros()
     # beta1**t and beta2**t, kept as tensors and multiplied once per step
     self.b1_t, self.b2_t = self._scalar(1.0), self._scalar(1.0)
 
@@ -109,10 +112,9 @@ class RMSprop(Optimizer):
                momentum: float = 0.0, centered: bool = False):
     super().__init__(params, lr)
     self.alpha, self.eps, self.weight_decay, self.momentum, self.centered = alpha, eps, weight_decay, momentum, centered
-    zeros = lambda: [Tensor.zeros(p.shape, dtype=p.dtype, device=p.device).contiguous() for p in self.params]  # noqa: E731
-    self.square_avg = zeros()
-    self.grad_avg = zeros() if centered else []
-    self.momentum_buffer = zeros() if momentum else []
+    self.square_avg = self._zeros()
+    self.grad_avg = self._zeros() if centered else []
+    self.momentum_buffer = self._zeros() if momentum else []
 
   def step(self) -> None:
     for i, p, g in self._grads(self.weight_decay):
