@@ -40,7 +40,8 @@ def tinychad_step(batch: int):
 def torch_step(batch: int):
   import torch
   import torch.nn.functional as F
-  params = {name: torch.empty(*shape).uniform_(-BOUNDS[name], BOUNDS[name]).requires_grad_() for name, shape in SHAPES.items()}
+  params = {name: torch.empty(*shape).uniform_(-BOUNDS[name], BOUNDS[name]).requires_grad_()
+            for name, shape in SHAPES.items()}
   x, y = torch.randn(batch, 1, 28, 28), torch.randint(0, 10, (batch,))
   opt = torch.optim.Adam(list(params.values()), lr=1e-3)
 
@@ -56,7 +57,8 @@ def torch_step(batch: int):
 def tinygrad_step(batch: int):
   from tinygrad import Context, Tensor, TinyJit
   from tinygrad.nn.optim import Adam
-  params = {name: Tensor.uniform(*shape, low=-BOUNDS[name], high=BOUNDS[name]).realize() for name, shape in SHAPES.items()}
+  params = {name: Tensor.uniform(*shape, low=-BOUNDS[name], high=BOUNDS[name]).realize()
+            for name, shape in SHAPES.items()}
   x, y = Tensor.randn(batch, 1, 28, 28).realize(), Tensor.randint(batch, low=0, high=10).realize()
   opt = Adam(list(params.values()), lr=1e-3)
 

@@ -204,9 +204,11 @@ def test_multihead_attention_masks_match_pytorch(masks):
   x, kv = randn(2, 3, 8), randn(2, 4, 8) * 0.5
   causal = np.triu(np.ones((3, 4), dtype=bool), 1)
   padding = np.array([[False, False, False, True], [False, False, False, False]])
-  kwargs = {"float 3-d attn_mask + float padding": dict(attn_mask=rng.standard_normal((2 * 2, 3, 4)).astype(np.float32),
-                                                         key_padding_mask=np.where(padding, -1e9, 0.5).astype(np.float32)),
-            "bool attn_mask + float padding": dict(attn_mask=causal, key_padding_mask=rng.standard_normal((2, 4)).astype(np.float32)),
+  float_mask = rng.standard_normal((2 * 2, 3, 4)).astype(np.float32)      # (N * heads, L, S)
+  float_padding = rng.standard_normal((2, 4)).astype(np.float32)
+  kwargs = {"float 3-d attn_mask + float padding":
+            dict(attn_mask=float_mask, key_padding_mask=np.where(padding, -1e9, float_padding).astype(np.float32)),
+            "bool attn_mask + float padding": dict(attn_mask=causal, key_padding_mask=float_padding),
             "is_causal with its attn_mask": dict(attn_mask=causal, is_causal=True)}[masks]
   ours, theirs = nn.MultiheadAttention(8, 2, batch_first=True), torch.nn.MultiheadAttention(8, 2, batch_first=True)
   copy_weights(ours, theirs)

@@ -86,7 +86,8 @@ class _ConvNd(Module):
     self.bias = _uniform(out_channels, bound=bound) if bias else None
 
   def __call__(self, x: Tensor) -> Tensor:
-    return F.conv(x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups, self.n, f"conv{self.n}d")
+    return F.conv(x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups, self.n,
+                  f"conv{self.n}d")
 
 
 class Conv1d(_ConvNd):
