@@ -9,17 +9,19 @@ import sys
 from pathlib import Path
 
 if __package__ in (None, ""): sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.common import Case, main, tinygrad_realize
+from bench.common import Case, bind, main, tinygrad_realize
 
 TITLE = "cnn train step"
 SHAPES = {"conv1": (32, 1, 5, 5), "conv2": (64, 32, 5, 5), "fc": (10, 1024)}
+# PyTorch's default init bound for each weight: uniform in +-1/sqrt(fan_in)
+BOUNDS = {name: 1 / math.sqrt(math.prod(shape[1:])) for name, shape in SHAPES.items()}
 
 
 def tinychad_step(batch: int):
   from tinychad import Tensor, TinyJit
   from tinychad.nn.optim import Adam
-  params = {name: Tensor.uniform(*shape, low=-1 / math.sqrt(math.prod(shape[1:])), high=1 / math.sqrt(math.prod(shape[1:])),
-                                 requires_grad=True).realize() for name, shape in SHAPES.items()}
+  params = {name: Tensor.uniform(*shape, low=-BOUNDS[name], high=BOUNDS[name], requires_grad=True).realize()
+            for name, shape in SHAPES.items()}
   x, y = Tensor.randn(batch, 1, 28, 28).realize(), Tensor.randint(0, 10, size=(batch,)).realize()
   opt = Adam(list(params.values()), lr=1e-3)
 
@@ -38,7 +40,7 @@ def tinychad_step(batch: int):
 def torch_step(batch: int):
   import torch
   import torch.nn.functional as F
-  params = {name: torch.empty(*shape).uniform_(-1 / math.sqrt(math.prod(shape[1:])), 1 / math.sqrt(math.prod(shape[1:]))).requires_grad_()
+  params = {name: torch.empty(*shape).uniform_(-BOUNDS[name], BOUNDS[name]).requires_grad_()
             for name, shape in SHAPES.items()}
   x, y = torch.randn(batch, 1, 28, 28), torch.randint(0, 10, (batch,))
   opt = torch.optim.Adam(list(params.values()), lr=1e-3)
@@ -55,7 +57,7 @@ def torch_step(batch: int):
 def tinygrad_step(batch: int):
   from tinygrad import Context, Tensor, TinyJit
   from tinygrad.nn.optim import Adam
-  params = {name: Tensor.uniform(*shape, low=-1 / math.sqrt(math.prod(shape[1:])), high=1 / math.sqrt(math.prod(shape[1:]))).realize()
+  params = {name: Tensor.uniform(*shape, low=-BOUNDS[name], high=BOUNDS[name]).realize()
             for name, shape in SHAPES.items()}
   x, y = Tensor.randn(batch, 1, 28, 28).realize(), Tensor.randint(batch, low=0, high=10).realize()
   opt = Adam(list(params.values()), lr=1e-3)
@@ -75,7 +77,7 @@ def tinygrad_step(batch: int):
 def cases(quick: bool) -> list[Case]:
   batch = 16 if quick else 128
   libraries = {"tinychad": tinychad_step, "torch": torch_step, "tinygrad": tinygrad_step}
-  return [Case(f"CNN train step b{batch} (Adam)", "ms", 0, {name: (lambda build=build: build(batch)) for name, build in libraries.items()},
+  return [Case(f"CNN train step b{batch} (Adam)", "ms", 0, bind(libraries, batch),
                repeats=3, warmup=1, missing_reason="numpy has no autograd")]
 
 

@@ -10,6 +10,7 @@ prints one table, with ratios computed from numbers measured in the same run.
 """
 from __future__ import annotations
 import argparse
+import functools
 import importlib
 import importlib.util
 import json
@@ -55,6 +56,11 @@ class Case:
   missing_reason: str = "not applicable"
   # the machine's best for this row, in the row's unit, from limits measured in this run (hardware.py)
   limit: Callable[[Limits], float] | None = None
+
+
+def bind(builds: dict[str, Callable[..., Callable[[], object]]], *args) -> dict[str, Callable[[], Callable[[], object]]]:
+  """Case.factories from one builder per library and the size arguments they all take."""
+  return {library: functools.partial(build, *args) for library, build in builds.items()}
 
 
 @dataclass

@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 if __package__ in (None, ""): sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.common import Case, main, tinygrad_realize
+from bench.common import Case, bind, main, tinygrad_realize
 
 TITLE = "conv"
 
@@ -51,7 +51,7 @@ def tinygrad_convs(batch: int):
 def cases(quick: bool) -> list[Case]:
   batch = 8 if quick else 64
   libraries = {"tinychad": tinychad_convs, "torch": torch_convs, "tinygrad": tinygrad_convs}
-  return [Case(f"conv3x3 x2 fwd+bwd b{batch}", "ms", 0, {name: (lambda build=build: build(batch)) for name, build in libraries.items()},
+  return [Case(f"conv3x3 x2 fwd+bwd b{batch}", "ms", 0, bind(libraries, batch),
                repeats=5, warmup=1, missing_reason="numpy has no autograd")]
 
 

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 if __package__ in (None, ""): sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.common import Case, main, tinygrad_realize
+from bench.common import Case, bind, main, tinygrad_realize
 
 TITLE = "elementwise"
 
@@ -42,7 +42,7 @@ def cases(quick: bool) -> list[Case]:
   libraries = {"tinychad": tinychad_chain, "torch": torch_chain, "numpy": numpy_chain, "tinygrad": tinygrad_chain}
   # a streaming kernel's limit is the triad's bandwidth (reads and a write, like this chain)
   return [Case(f"exp(relu(a*b+c)) {n >> 20}M", "GB/s", 16 * n / 1e9,
-               {name: (lambda build=build: build(n)) for name, build in libraries.items()}, limit=lambda limits: limits.triad_gbs)]
+               bind(libraries, n), limit=lambda limits: limits.triad_gbs)]
 
 
 if __name__ == "__main__": main([f"bench.{Path(__file__).stem}"])

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 if __package__ in (None, ""): sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.common import Case, main, tinygrad_realize
+from bench.common import Case, bind, main, tinygrad_realize
 
 TITLE = "gpt forward"
 LAYERS, DIM, HEADS, VOCAB = 4, 256, 4, 1024
@@ -82,7 +82,7 @@ def cases(quick: bool) -> list[Case]:
   batch, seq = (2, 64) if quick else (8, 128)
   libraries = {"tinychad": tinychad_gpt, "torch": torch_gpt, "tinygrad": tinygrad_gpt}
   return [Case(f"GPT fwd {LAYERS}L d{DIM} b{batch}x{seq}", "tok/s", batch * seq,
-               {name: (lambda build=build: build(batch, seq)) for name, build in libraries.items()},
+               bind(libraries, batch, seq),
                repeats=3, warmup=1, missing_reason="no numpy GPT written")]
 
 

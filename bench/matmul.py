@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 if __package__ in (None, ""): sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.common import Case, main, tinygrad_realize
+from bench.common import Case, bind, main, tinygrad_realize
 
 TITLE = "matmul"
 
@@ -52,7 +52,7 @@ def cases(quick: bool) -> list[Case]:
   jitted = {"tinychad": tinychad_matmul_jit, "numpy": numpy_matmul}
   # warm-up: TinyJit records on its second call and replays from the third
   return [Case(f"matmul {n}x{n}{suffix}", "GFLOP/s", 2 * n ** 3 / 1e9,
-               {name: (lambda build=build, n=n: build(n)) for name, build in builds.items()},
+               bind(builds, n),
                repeats=3 if n >= 2048 else 7, warmup=2 if suffix or n < 2048 else 1,
                missing_reason="TinyJit rows: tinychad and numpy only", limit=lambda limits: limits.fma_gflops)
           for suffix, builds in (("", libraries), (" TinyJit", jitted)) for n in sizes]

@@ -3,7 +3,7 @@ import sys
 from pathlib import Path
 
 if __package__ in (None, ""): sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.common import Case, main, tinygrad_realize
+from bench.common import Case, bind, main, tinygrad_realize
 
 TITLE = "sum"
 
@@ -35,7 +35,7 @@ def tinygrad_sum(n: int):
 def cases(quick: bool) -> list[Case]:
   n = 1 << 20 if quick else 1 << 24
   libraries = {"tinychad": tinychad_sum, "torch": torch_sum, "numpy": numpy_sum, "tinygrad": tinygrad_sum}
-  return [Case(f"sum {n >> 20}M", "GB/s", 4 * n / 1e9, {name: (lambda build=build: build(n)) for name, build in libraries.items()},
+  return [Case(f"sum {n >> 20}M", "GB/s", 4 * n / 1e9, bind(libraries, n),
                limit=lambda limits: limits.sum_gbs)]
 
 

@@ -3,7 +3,7 @@ import sys
 from pathlib import Path
 
 if __package__ in (None, ""): sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.common import Case, main, tinygrad_realize
+from bench.common import Case, bind, main, tinygrad_realize
 
 TITLE = "softmax"
 
@@ -41,7 +41,7 @@ def cases(quick: bool) -> list[Case]:
   libraries = {"tinychad": tinychad_softmax, "torch": torch_softmax, "numpy": numpy_softmax, "tinygrad": tinygrad_softmax}
   # the ideal: read the matrix once and write the result once, at the triad's bandwidth
   ideal_ms = lambda limits: 8 * n * n / 1e9 / limits.triad_gbs * 1e3
-  return [Case(f"softmax rows {n}x{n}", "ms", 0, {name: (lambda build=build: build(n)) for name, build in libraries.items()},
+  return [Case(f"softmax rows {n}x{n}", "ms", 0, bind(libraries, n),
                limit=ideal_ms)]
 
 

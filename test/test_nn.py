@@ -194,6 +194,32 @@ def test_multihead_attention_self_causal_per_head_weights():
   np.testing.assert_allclose(out_c.numpy(), out_t.detach().numpy(), atol=ATOL)
 
 
+@pytest.mark.filterwarnings("ignore:Support for mismatched key_padding_mask")   # PyTorch still runs mixed kinds
+@pytest.mark.parametrize("masks", ["float 3-d attn_mask + float padding", "bool attn_mask + float padding",
+                                   "is_causal with its attn_mask"])
+def test_multihead_attention_masks_match_pytorch(masks):
+  """Each mask kind MultiheadAttention hands to scaled_dot_product_attention (bool ones inverted, mixed
+  kinds added), output and per-head weights against PyTorch, batch_first."""
+  rng = np.random.default_rng(4)
+  x, kv = randn(2, 3, 8), randn(2, 4, 8) * 0.5
+  causal = np.triu(np.ones((3, 4), dtype=bool), 1)
+  padding = np.array([[False, False, False, True], [False, False, False, False]])
+  float_mask = rng.standard_normal((2 * 2, 3, 4)).astype(np.float32)      # (N * heads, L, S)
+  float_padding = rng.standard_normal((2, 4)).astype(np.float32)
+  kwargs = {"float 3-d attn_mask + float padding":
+            dict(attn_mask=float_mask, key_padding_mask=np.where(padding, -1e9, float_padding).astype(np.float32)),
+            "bool attn_mask + float padding": dict(attn_mask=causal, key_padding_mask=float_padding),
+            "is_causal with its attn_mask": dict(attn_mask=causal, is_causal=True)}[masks]
+  ours, theirs = nn.MultiheadAttention(8, 2, batch_first=True), torch.nn.MultiheadAttention(8, 2, batch_first=True)
+  copy_weights(ours, theirs)
+  wrap = lambda lib, kw: {k: (lib(v) if isinstance(v, np.ndarray) else v) for k, v in kw.items()}  # noqa: E731
+  out_o, w_o = ours(Tensor(x), Tensor(kv), Tensor(kv), average_attn_weights=False, **wrap(Tensor, kwargs))
+  out_t, w_t = theirs(torch.tensor(x), torch.tensor(kv), torch.tensor(kv), average_attn_weights=False,
+                      **wrap(torch.tensor, kwargs))
+  np.testing.assert_allclose(out_o.numpy(), out_t.detach().numpy(), atol=ATOL, rtol=RTOL)
+  np.testing.assert_allclose(w_o.numpy(), w_t.detach().numpy(), atol=ATOL, rtol=RTOL)
+
+
 def test_sequential_names_and_call():
   ours = nn.Sequential(nn.Linear(4, 8), Tensor.relu, nn.Linear(8, 3))
   theirs = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))

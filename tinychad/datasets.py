@@ -11,11 +11,11 @@ import gzip
 import hashlib
 import http.client
 import os
-import tempfile
 import urllib.request
 import zlib
 from pathlib import Path
 import numpy as np
+from tinychad.helpers import atomic_open
 
 MNIST_MIRRORS = ("https://ossci-datasets.s3.amazonaws.com/mnist/", "https://storage.googleapis.com/cvdf-datasets/mnist/")
 DOWNLOAD_TIMEOUT_S = 15.0
@@ -43,6 +43,10 @@ _CHUNK_BYTES = 1 << 20
 
 class DatasetUnavailable(FileNotFoundError):
   """The dataset is neither on disk nor downloadable; the message says where we looked."""
+
+
+class _BadChecksum(Exception):
+  """A mirror served bytes whose md5 is not the file's: try the next mirror."""
 
 
 def cache_dir() -> Path:
@@ -79,22 +83,20 @@ def download_file(name: str, dest_dir: Path, timeout_s: float = DOWNLOAD_TIMEOUT
   failures = []
   for mirror in MNIST_MIRRORS:
     url = mirror + name
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{name}.", suffix=".part", dir=dest_dir)
     try:
-      md5 = hashlib.md5()
-      with os.fdopen(fd, "wb") as tmp, urllib.request.urlopen(url, timeout=timeout_s) as response:
+      with atomic_open(dest_dir / name) as out, urllib.request.urlopen(url, timeout=timeout_s) as response:
+        md5 = hashlib.md5()
         while chunk := response.read(_CHUNK_BYTES):
           md5.update(chunk)
-          tmp.write(chunk)
-      if md5.hexdigest() not in MNIST_MD5[name]:
-        failures.append(f"{url}: md5 {md5.hexdigest()} is not a known md5 of {name}")
-        continue
-      os.replace(tmp_name, dest_dir / name)
+          out.write(chunk)
+        # raised inside the block, so the bytes are dropped instead of replacing dest_dir/name
+        if md5.hexdigest() not in MNIST_MD5[name]:
+          raise _BadChecksum(f"md5 {md5.hexdigest()} is not a known md5 of {name}")
       return dest_dir / name
+    except _BadChecksum as e:
+      failures.append(f"{url}: {e}")
     except (OSError, http.client.HTTPException) as e:  # URLError, timeouts and resets are all OSErrors
       failures.append(f"{url}: {type(e).__name__}: {e}")
-    finally:
-      if os.path.exists(tmp_name): os.unlink(tmp_name)
   raise DatasetUnavailable(f"could not download {name}:\n  " + "\n  ".join(failures))
 
 

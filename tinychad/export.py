@@ -17,11 +17,11 @@ from pathlib import Path
 import numpy as np
 from tinychad.codegen import lower_item
 from tinychad.dtype import DType
+from tinychad.helpers import atomic_write
 from tinychad.engine.schedule import ScheduleItem, create_schedule
 from tinychad.lazy import LazyBuffer
 from tinychad.ops import LoadOps
 from tinychad.renderer.cstyle import CRenderer, render_const
-from tinychad.runtime.cache import atomic_write
 
 VALUES_PER_LINE = 8
 
@@ -111,7 +111,7 @@ def export_c(outputs, inputs=(), path: str | Path | None = None) -> str:
   # the program's outputs are whole buffers in row-major order, as numpy() shows them
   outs = [t.contiguous().lazydata for t in outputs]
   source = export_source(outs, create_schedule(outs), [t.lazydata for t in inputs])
-  if path is not None: atomic_write(Path(path), source.encode())
+  if path is not None: atomic_write(path, source.encode())
   return source
 
 

@@ -11,6 +11,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from tinychad.dtype import dtypes
+from tinychad.helpers import inverse_permutation
 from tinychad.lazy import LazyBuffer
 from tinychad.ops import UnaryOps, BinaryOps, TernaryOps, ReduceOps, LoadOps
 
@@ -348,9 +349,7 @@ class Permute(Function):
   def forward(self, x: LazyBuffer, order: tuple[int, ...]) -> LazyBuffer:
     self.order = order
     return x.permute(order)
-  def backward(self, grad: LazyBuffer) -> LazyBuffer:
-    inverse = tuple(sorted(range(len(self.order)), key=lambda i: self.order[i]))
-    return grad.permute(inverse)
+  def backward(self, grad: LazyBuffer) -> LazyBuffer: return grad.permute(inverse_permutation(self.order))
 
 
 class Expand(Function):

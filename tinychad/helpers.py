@@ -1,8 +1,12 @@
-"""Small shared helpers: environment flags, counters, argument normalisation, graph order."""
+"""Small shared helpers: environment flags, counters, argument normalisation, permutations, graph order,
+atomic file writes."""
 from __future__ import annotations
+import contextlib
 import math
 import os
-from typing import Callable, Hashable, Iterable, TypeVar
+import tempfile
+from pathlib import Path
+from typing import BinaryIO, Callable, Hashable, Iterable, Iterator, TypeVar
 
 T = TypeVar("T", bound=Hashable)
 
@@ -28,6 +32,13 @@ def argfix(*x):
 
 
 def all_int(xs) -> bool: return all(isinstance(x, int) for x in xs)
+
+
+def inverse_permutation(order: tuple[int, ...]) -> tuple[int, ...]:
+  """The order that undoes `order`: x.permute(order).permute(inverse_permutation(order)) is x."""
+  inverse = [0] * len(order)
+  for position, axis in enumerate(order): inverse[axis] = position
+  return tuple(inverse)
 
 
 class GlobalCounters:
@@ -65,3 +76,28 @@ def toposort(roots: Iterable[T], children: Callable[[T], Iterable[T]]) -> list[T
         stack.pop()
         order.append(node)
   return order
+
+
+@contextlib.contextmanager
+def atomic_open(path: str | os.PathLike) -> Iterator[BinaryIO]:
+  """A binary file to write that becomes `path` only when the `with` block ends without an exception:
+  the bytes go to a temporary file beside `path` (same filesystem, so the rename is atomic), are
+  fsynced, then replace `path`. A reader (another process, or this one after a crash or power loss)
+  sees the old file or the whole new one, never a part; on an exception the temporary file is removed
+  and `path` is left as it was. Every file tinychad writes goes through here."""
+  path = Path(path)
+  fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+  try:
+    with os.fdopen(fd, "wb") as f:
+      yield f
+      f.flush()
+      os.fsync(f.fileno())
+    os.replace(tmp, path)
+  except BaseException:
+    with contextlib.suppress(FileNotFoundError): os.unlink(tmp)
+    raise
+
+
+def atomic_write(path: str | os.PathLike, data: bytes) -> None:
+  """Write `data` to `path` whole or not at all (see atomic_open)."""
+  with atomic_open(path) as f: f.write(data)

@@ -13,6 +13,18 @@ from tinychad.dtype import dtypes
 from tinychad.tensor import Tensor, _shape_str
 
 
+def out_of_bounds(index: Tensor, size: int, negative: bool = False, ignore: int | None = None) -> int | None:
+  """The first value of the integer tensor `index` outside [0, size) ([-size, size) with negative=True;
+  values equal to `ignore` pass), or None. Every index read (getitem, gather, scatter, nll_loss's targets)
+  checks here on the host before building its graph: a kernel can't raise, so an out-of-range index
+  would read another row (GATHER) or match no class (a one-hot), silently."""
+  values = index.numpy()
+  if ignore is not None: values = values[values != ignore]
+  low = -size if negative else 0
+  if values.size == 0 or (values.min() >= low and values.max() < size): return None
+  return int(values[(values < low) | (values >= size)].flat[0])
+
+
 def _normalize(t: Tensor, index) -> list:
   """One entry per item, with Ellipsis expanded and lists/arrays turned into Tensors."""
   items = list(index) if isinstance(index, tuple) else [index]
@@ -104,9 +116,7 @@ def _tensor_index(x: Tensor, positions: list[int], indices: list[Tensor], orig_s
   flat, stride = None, 1
   for pos, idx in reversed(list(zip(positions, indices))):
     size = x.shape[pos]
-    values = idx.numpy()
-    if values.size and (values.min() < -size or values.max() >= size):
-      bad = values.min() if values.min() < -size else values.max()
+    if (bad := out_of_bounds(idx, size, negative=True)) is not None:
       raise IndexError(f"getitem: index {bad} is out of bounds for dim with size {size} (tensor shape {_shape_str(orig_shape)})")
     idx = idx.cast(dtypes.int64)
     idx = (idx < 0).where(idx + size, idx)
@@ -151,9 +161,8 @@ def _check_index_tensor(t: Tensor, dim: int, index: Tensor, op: str) -> None:
     raise ValueError(f"{op}: index shape {_shape_str(index.shape)} needs as many dims as input shape {_shape_str(t.shape)}")
   for d, (a, b) in enumerate(zip(index.shape, t.shape)):
     if d != dim and a > b: raise ValueError(f"{op}: index shape {_shape_str(index.shape)} is larger than input shape {_shape_str(t.shape)} in dim {d}")
-  values = index.numpy()
-  if values.size and (values.min() < 0 or values.max() >= t.shape[dim]):
-    raise IndexError(f"{op}: index {values.min() if values.min() < 0 else values.max()} is out of bounds for dim {dim} with size {t.shape[dim]}")
+  if (bad := out_of_bounds(index, t.shape[dim])) is not None:
+    raise IndexError(f"{op}: index {bad} is out of bounds for dim {dim} with size {t.shape[dim]}")
 
 
 def gather(t: Tensor, dim: int, index: Tensor) -> Tensor:

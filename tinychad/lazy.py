@@ -17,7 +17,7 @@ import functools
 import numpy as np
 from tinychad.dtype import DType, dtypes
 from tinychad.ops import UnaryOps, TernaryOps, ReduceOps, LoadOps, COMPARISONS, Op
-from tinychad.helpers import getenv, prod
+from tinychad.helpers import getenv, inverse_permutation, prod
 from tinychad.view import ShapeTracker
 
 # a reduce with this many inputs per output (or more) and fewer than SPLIT_PARTS outputs is split in two
@@ -83,7 +83,7 @@ class LazyBuffer:
       # every input is the same permutation of a contiguous buffer: compute in that buffer's order and
       # permute the result, so the layout (a convolution's channels-last output) survives the op
       physical = [x.permute(order) for x in inputs]
-      return physical[0].e(op, *physical[1:], arg=arg).permute(_inverse(order))
+      return physical[0].e(op, *physical[1:], arg=arg).permute(inverse_permutation(order))
     if op in COMPARISONS: dtype = dtypes.bool
     elif op is UnaryOps.CAST or op is UnaryOps.BITCAST: dtype = arg
     elif op is TernaryOps.WHERE: dtype = srcs[0].dtype
@@ -97,7 +97,7 @@ class LazyBuffer:
     order = _shared_layout((self,))
     if order is not None:
       # reduce in the buffer's own order (SIMD lanes along its contiguous axis), then permute back
-      return self.permute(order).r(op, tuple(order.index(a) for a in axis)).permute(_inverse(order))
+      return self.permute(order).r(op, tuple(order.index(a) for a in axis)).permute(inverse_permutation(order))
     split = self._split_reduce(op, tuple(sorted(axis)), new_shape)
     if split is not None: return split
     return LazyBuffer(self.device, ShapeTracker.from_shape(new_shape), self.dtype, op, tuple(sorted(axis)), (self,))
@@ -191,9 +191,3 @@ def _shared_layout(inputs: tuple[LazyBuffer, ...]) -> tuple[int, ...] | None:
     if mine is None or (order is not None and mine != order): return None
     order = mine
   return None if order is None or getenv("NOOPT", 0) else order
-
-
-def _inverse(order: tuple[int, ...]) -> tuple[int, ...]:
-  inverse = [0] * len(order)
-  for position, axis in enumerate(order): inverse[axis] = position
-  return tuple(inverse)

@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+from tinychad.helpers import atomic_write
 from tinychad.lazy import LazyBuffer
 
 _counter = 0
@@ -59,7 +60,7 @@ def save_graphs(outs: list[LazyBuffer], items: list) -> list[str]:
   written = []
   for kind, text in (("lazy", lazy_graph_dot(outs)), ("kernels", kernel_graph_dot(items))):
     path = os.path.join(directory, f"realize_{_counter}_{kind}.dot")
-    with open(path, "w") as f: f.write(text)
+    atomic_write(path, text.encode())
     written.append(path)
     if shutil.which("dot"):
       subprocess.run(["dot", "-Tsvg", path, "-o", path[:-4] + ".svg"], check=False, capture_output=True)

@@ -22,7 +22,7 @@ The rule (codegen/opt.py's staging handles what fits in a kernel):
 from __future__ import annotations
 from typing import Callable, NamedTuple
 from tinychad.codegen.opt import STAGE_MAX_BYTES, panel_width
-from tinychad.helpers import prod
+from tinychad.helpers import inverse_permutation, prod
 from tinychad.ops import BufferOps, KernelNode, ReduceOps, rebuild, rewrite
 from tinychad.view import ShapeTracker
 
@@ -81,7 +81,7 @@ def _panels(st: ShapeTracker, lane: int, reduce_axes: tuple[int, ...]) -> Panels
   kept = st.shrink(tuple((0, 1) if stride == 0 else (0, s) for s, stride in zip(shape, strides)))
   outer = [a for a in range(len(shape)) if a not in reduce_axes and a not in (lane, lane + 1)]
   order = tuple(outer + [lane] + list(reduce_axes) + [lane + 1])
-  inverse = tuple(order.index(a) for a in range(len(order)))
+  inverse = inverse_permutation(order)
   view = ShapeTracker.from_shape(tuple(kept.shape[a] for a in order)).permute(inverse).expand(shape)
   return Panels(kept, order, view)
 

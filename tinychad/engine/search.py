@@ -46,9 +46,9 @@ from tinychad.codegen import opt
 from tinychad.codegen.linearize import Program, linearize, opt_inputs
 from tinychad.device import Buffer, Device
 from tinychad.dtype import DType, dtypes
-from tinychad.helpers import DEBUG, getenv, prod
+from tinychad.helpers import DEBUG, atomic_write, getenv, prod
 from tinychad.ops import BufferOps, KernelNode
-from tinychad.runtime.cache import atomic_write, cache_dir, cache_key, code_version, tree_text
+from tinychad.runtime.cache import cache_dir, cache_key, code_version, tree_text
 from tinychad.runtime.compiled import Compiled, Kernel
 from tinychad.runtime.threads import run_parallel
 from tinychad.view import View

@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 from tinychad.dtype import dtypes
 from tinychad.helpers import prod
-from tinychad.tensor import Tensor
 from tinychad.nn import functional as F
+from tinychad.tensor import Tensor
 from tinychad.nn.module import Module, ModuleDict, ModuleList, Parameter
 
 
@@ -71,19 +71,19 @@ class _ConvNd(Module):
     self.weight = _uniform(out_channels, in_channels // groups, *self.kernel_size, bound=bound)
     self.bias = _uniform(out_channels, bound=bound) if bias else None
 
+  def forward(self, x: Tensor) -> Tensor:
+    return F.conv(x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups, self.n,
+                  f"conv{self.n}d")
+
 
 class Conv1d(_ConvNd):
   """(N, C_in, L) -> (N, C_out, L_out)."""
   n = 1
-  def forward(self, x: Tensor) -> Tensor:
-    return x.conv1d(self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
 
 
 class Conv2d(_ConvNd):
   """(N, C_in, H, W) -> (N, C_out, H_out, W_out)."""
   n = 2
-  def forward(self, x: Tensor) -> Tensor:
-    return x.conv2d(self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
 
 
 class ConvTranspose2d(Module):
@@ -342,22 +342,28 @@ class MultiheadAttention(Module):
     def heads(x: Tensor, w: Tensor, b: Tensor | None, length: int) -> Tensor:  # (len, N, E) -> (N, H, len, E/H)
       return F.linear(x, w, b).reshape(length, N, H, E // H).permute(1, 2, 0, 3)
     q, k, v = heads(query, wq, bq, L), heads(key, wk, bk, S), heads(value, wv, bv, S)
-    scores = (q @ k.transpose(-1, -2)) * (1 / math.sqrt(E // H))
-    if is_causal and attn_mask is None: attn_mask = Tensor.ones(L, S, dtype=dtypes.bool, device=query.device).triu(1)
-    if attn_mask is not None:
-      mask = attn_mask.reshape(N, H, L, S) if attn_mask.ndim == 3 else attn_mask
-      scores = mask.where(-math.inf, scores) if mask.dtype == dtypes.bool else scores + mask
-    if key_padding_mask is not None:
-      padding = key_padding_mask.reshape(N, 1, 1, S)
-      scores = padding.where(-math.inf, scores) if padding.dtype == dtypes.bool else scores + padding
-    weights = scores.softmax(-1)
-    attended = weights.dropout(self.dropout, self.training) @ v                                # (N, H, L, E/H)
+    mask = _merge_masks(attn_mask.reshape(N, H, L, S) if attn_mask is not None and attn_mask.ndim == 3 else attn_mask,
+                        key_padding_mask.reshape(N, 1, 1, S) if key_padding_mask is not None else None)
+    # an explicit attn_mask wins over the is_causal hint, as in PyTorch
+    attended, weights = F.attention(q, k, v, mask, self.dropout if self.training else 0.0,
+                                    is_causal and attn_mask is None)   # (N, H, L, E/H)
     out = self.out_proj(attended.permute(2, 0, 1, 3).reshape(L, N, E))
     if unbatched: out = out.squeeze(1)
     elif self.batch_first: out = out.transpose(0, 1)
     if not need_weights: return out, None
     weights = weights.mean(1) if average_attn_weights else weights
     return out, (weights.squeeze(0) if unbatched else weights)
+
+
+def _merge_masks(attn_mask: Tensor | None, key_padding_mask: Tensor | None) -> Tensor | None:
+  """MultiheadAttention's masks (bool True = may NOT attend, or float added to the scores) as one mask in
+  scaled_dot_product_attention's terms (bool True = may attend, or float added)."""
+  masks = [m.logical_not() if m.dtype == dtypes.bool else m for m in (attn_mask, key_padding_mask) if m is not None]
+  if not masks: return None
+  if len(masks) == 1: return masks[0]
+  if all(m.dtype == dtypes.bool for m in masks): return masks[0] & masks[1]
+  additive = [m.where(0.0, -math.inf) if m.dtype == dtypes.bool else m for m in masks]
+  return additive[0] + additive[1]
 
 
 class Sequential(Module, list):

@@ -11,7 +11,6 @@ unpickle anything.
 """
 from __future__ import annotations
 import os
-import tempfile
 from pathlib import Path
 from collections.abc import Iterator
 from typing import Any, NamedTuple
@@ -19,6 +18,7 @@ import numpy as np
 from safetensors import SafetensorError
 import safetensors.numpy
 from tinychad.dtype import dtypes
+from tinychad.helpers import atomic_write
 from tinychad.tensor import Tensor
 from tinychad.nn.module import Module, Parameter
 
@@ -148,16 +148,7 @@ def safe_save(state_dict: dict[str, Tensor], path: str | os.PathLike, metadata: 
     if not isinstance(value, Tensor): raise TypeError(f"safe_save: {key} is a {type(value).__name__}, not a Tensor")
     arrays[key] = _contiguous(value.numpy())
   data = safetensors.numpy.save(arrays, metadata=metadata)
-  path = Path(path)
-  fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-  try:
-    with os.fdopen(fd, "wb") as tmp:
-      tmp.write(data)
-      tmp.flush()
-      os.fsync(tmp.fileno())
-    os.replace(tmp_name, path)
-  finally:
-    if os.path.exists(tmp_name): os.unlink(tmp_name)
+  atomic_write(path, data)
 
 
 def safe_load(path: str | os.PathLike, device: str | None = None) -> dict[str, Tensor]:

@@ -10,8 +10,8 @@ Kernel records (`<key>.kernel.json`) skip lowering and rendering in a new proces
 tree's text, its name, the device's compiler settings and a hash of tinychad's own source (so an edited
 code generator never reuses an old record), a record names the library or object to load and the
 facts the device needs to call it (buffer count, parallel extent).
-Files are written to a temporary name in the same directory and moved into place with os.replace,
-which is atomic, so a concurrent reader sees either no file or a whole one. A .so whose bytes don't
+Files are written with helpers.atomic_write (a temporary name in the same directory, fsynced, moved into
+place with os.replace), so a concurrent reader sees either no file or a whole one. A .so whose bytes don't
 match its checksum (a crash mid-write of an old version, a truncated copy) is rebuilt, not loaded.
 This module knows nothing of compilers or kernels' code: devices bring the compile and load steps.
 """
@@ -23,7 +23,7 @@ import os
 import tempfile
 from pathlib import Path
 from typing import Any, Callable
-from tinychad.helpers import getenv
+from tinychad.helpers import atomic_write, getenv
 from tinychad.ops import KernelNode
 
 
@@ -64,17 +64,6 @@ def memoize(key: str, build: Callable[[], Any]) -> Any:
   value = build()
   if value is not None: _memory[key] = value
   return value
-
-
-def atomic_write(path: Path, data: bytes) -> None:
-  """Write `data` to `path` so a reader sees the old file or the whole new one (temp file, os.replace)."""
-  fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-  try:
-    with os.fdopen(fd, "wb") as f: f.write(data)
-    os.replace(tmp, path)
-  except BaseException:
-    if os.path.exists(tmp): os.unlink(tmp)
-    raise
 
 
 def _write_verified(path: Path, sum_path: Path, data: bytes) -> None:

@@ -1,0 +1,48 @@
+"""helpers.py: the atomic file write every saved file goes through, and permutation inversion."""
+import os
+import itertools
+import pytest
+from tinychad.helpers import atomic_open, atomic_write, inverse_permutation
+
+
+def test_atomic_write_replaces_whole_file(tmp_path):
+  path = tmp_path / "out.bin"
+  atomic_write(path, b"old")
+  atomic_write(str(path), b"new contents")
+  assert path.read_bytes() == b"new contents"
+  assert os.listdir(tmp_path) == ["out.bin"]
+
+
+def test_failing_write_leaves_old_file_and_no_temp_file(tmp_path):
+  path = tmp_path / "out.bin"
+  path.write_bytes(b"old")
+  with pytest.raises(RuntimeError, match="mid-write"):
+    with atomic_open(path) as f:
+      f.write(b"half of the new")
+      raise RuntimeError("crash mid-write")
+  assert path.read_bytes() == b"old"
+  assert os.listdir(tmp_path) == ["out.bin"]
+
+
+def test_failing_fsync_leaves_no_file_and_no_temp_file(tmp_path, monkeypatch):
+  def fail(fd): raise OSError("disk full (simulated)")
+  monkeypatch.setattr(os, "fsync", fail)
+  with pytest.raises(OSError, match="simulated"): atomic_write(tmp_path / "new.bin", b"data")
+  assert os.listdir(tmp_path) == []
+
+
+def test_data_is_fsynced_before_the_rename(tmp_path, monkeypatch):
+  events = []
+  real_fsync, real_replace = os.fsync, os.replace
+  monkeypatch.setattr(os, "fsync", lambda fd: (events.append("fsync"), real_fsync(fd)))
+  monkeypatch.setattr(os, "replace", lambda a, b: (events.append(("replace", os.path.dirname(a))), real_replace(a, b)))
+  atomic_write(tmp_path / "out.bin", b"data")
+  assert events == ["fsync", ("replace", str(tmp_path))]   # the temporary file sits beside the target
+
+
+@pytest.mark.parametrize("n", [0, 1, 2, 3, 4])
+def test_inverse_permutation_undoes_the_permutation(n):
+  for order in itertools.permutations(range(n)):
+    inverse = inverse_permutation(order)
+    assert tuple(order[i] for i in inverse) == tuple(range(n))
+    assert tuple(inverse[i] for i in order) == tuple(range(n))
