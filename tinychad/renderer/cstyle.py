@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 import numpy as np
 from tinychad.dtype import NATIVE_VECTOR_DTYPES, DType, dtypes
-from tinychad.ops import OP_INFO, UnaryOps, BinaryOps, TernaryOps, COMPARISONS
+from tinychad.ops import OP_INFO, COMPARISONS, Op, UnaryOps, BinaryOps, TernaryOps
 from tinychad.codegen.linearize import Program, UOp, UOps
 from tinychad.renderer.cmath import POLY_MATH, SCALAR_MAX, VECTOR_MATH, blend
 
@@ -50,7 +50,7 @@ def render_const(value, dtype: DType) -> str:
   return f"(({dtype.c_name}){text}f)"
 
 
-def spell(op, dtype: DType, *srcs: str) -> str:
+def spell(op: Op, dtype: DType, *srcs: str) -> str:
   """The op table's C expression of `op` with a `dtype` result over the rendered sources."""
   template = OP_INFO[op].c[dtype.category]
   if template is None: raise NotImplementedError(f"C renderer has no rule for {op} on {dtype.name}")
@@ -167,7 +167,7 @@ class CRenderer:
     if u.op not in LINES: raise NotImplementedError(f"C renderer has no rule for {u.op}")
     return LINES[u.op](self, u)
 
-  def range(self, u: UOp) -> str | list[str]:
+  def open_loop(self, u: UOp) -> str | list[str]:
     name, extent, parallel, unroll = u.arg
     self.names[id(u)] = name
     lo, hi = ("start", "end") if parallel else ("0", str(extent))
@@ -236,7 +236,7 @@ class CRenderer:
 
 
 
-LINES = {UOps.RANGE: CRenderer.range, UOps.ENDRANGE: lambda r, u: "}", UOps.DEFINE_LOCAL: CRenderer.define_local,
+LINES = {UOps.RANGE: CRenderer.open_loop, UOps.ENDRANGE: lambda r, u: "}", UOps.DEFINE_LOCAL: CRenderer.define_local,
          UOps.LOAD: CRenderer.load, UOps.DEFINE_ACC: CRenderer.define_acc, UOps.STORE: CRenderer.store,
          UOps.ASSIGN: lambda r, u: f"{r.ref(u.srcs[0])} = {r.ref(u.srcs[1])};", UOps.VECTORIZE: CRenderer.vectorize,
          UOps.GEP: CRenderer.gep, UOps.ALU: CRenderer.alu_line}
