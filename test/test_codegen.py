@@ -13,7 +13,7 @@ from tinychad.codegen.symbolic import Var, Num, Node
 from tinychad.dtype import dtypes
 from tinychad.engine.schedule import create_schedule
 from tinychad.lazy import LazyBuffer
-from tinychad.ops import BinaryOps, ReduceOps, UnaryOps, BufferOps, KernelNode
+from tinychad.ops import OP_INFO, BinaryOps, ReduceOps, TernaryOps, UnaryOps, BufferOps, KernelNode
 from tinychad.renderer.cstyle import render_c, render_const
 from tinychad.renderer.llvmir import render_llvm
 from tinychad.runtime.cc import CompileError, compile_c
@@ -110,6 +110,19 @@ def test_c_constants():
   assert render_const(0.1, dtypes.float32) == "0.1f"
   assert render_const(True, dtypes.bool) == "1"
   assert render_const(0.5, dtypes.float16) == "((_Float16)0.5f)"
+
+
+def test_op_table_covers_every_alu_and_reduce_op():
+  # an op added to the enums without its table entry would fail in a renderer or the numpy device
+  ops = [*UnaryOps, *BinaryOps, *TernaryOps, *ReduceOps]
+  assert set(OP_INFO) == set(ops)
+  for op in ops:
+    info = OP_INFO[op]
+    assert info.numpy is not None or op in (UnaryOps.CAST, UnaryOps.BITCAST), op
+    assert (info.identity is not None) == isinstance(op, ReduceOps), op
+    if isinstance(op, ReduceOps) or op is UnaryOps.BITCAST: continue
+    # every ALU op but BITCAST (a memcpy line) has a C spelling for floats (the libm ones only there)
+    assert info.c[2] is not None, op
 
 
 def test_compile_error_names_the_kernel():

@@ -78,6 +78,17 @@ class dtypes:
     except Exception: raise TypeError(f"cannot interpret {x!r} as a dtype") from None
 
 
+# Which dtypes SIMD code handles (the kernel optimizer picks lanes from these, the renderers spell them).
+# A SIMD value may hold these: the renderers have vector types for them (half keeps its per-op rounding scalar).
+VECTOR_DTYPES = frozenset({dtypes.float32, dtypes.float64, dtypes.int32, dtypes.int64, dtypes.bool})
+# C's vector operators act lane-wise on these with the scalar op's meaning (integers wrap: -fwrapv), a lane
+# compare gives a mask as wide as a lane, and AVX has streaming stores of their whole vectors.
+NATIVE_VECTOR_DTYPES = frozenset({dtypes.float32, dtypes.float64, dtypes.int32, dtypes.int64})
+# float vectors: whole LLVM vector instructions (other SIMD values go lane by lane), vector adds in a
+# scatter, and the costly values a row cache keeps
+VECTOR_FLOATS = frozenset({dtypes.float32, dtypes.float64})
+
+
 def _promote_pair(a: DType, b: DType) -> DType:
   """Promotion of two tensor dtypes (PyTorch's table)."""
   if a == b: return a

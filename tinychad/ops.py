@@ -1,13 +1,26 @@
-"""The primitive ops: everything a Tensor does is composed from these.
+"""The primitive ops: everything a Tensor does is composed from these, and each op's facts in one table.
 
-in: nothing (definitions)  ->  out: the op enums the lazy graph, the scheduler and every device speak.
+in: nothing (definitions)  ->  out: the op enums the lazy graph, the scheduler and every device speak;
+OP_INFO, one OpInfo per ALU and reduce op; KernelNode, the node of a kernel tree, and `rewrite`/`rebuild`.
 A device that implements these can run every Tensor method; backward rules live on the autograd
 Functions in function.py, which are written in terms of the same primitives.
+OP_INFO says, per op, what the layers below the front end need to know: whether it is defined on
+floats only, whether it is costly to compute again (the row cache keeps such values), on which dtypes
+it is one SIMD instruction, its numpy implementation (the NUMPY reference device), its C and LLVM
+spelling, its result dtype and a reduce's identity. The codegen and the renderers look these up; what
+a table can't say (guarded integer division, NaN-propagating max, vector blends) is a short ordered
+list of rules in each renderer.
+Adding an ALU op takes: its enum member here, its OpInfo entry in OP_INFO, and, for autograd, a
+Function in function.py (and the Tensor method that applies it). Only an op whose meaning no template
+can spell (see the rules in renderer/cstyle.py and renderer/llvmir.py) needs a rule there too.
 """
 from __future__ import annotations
 import weakref
+from dataclasses import dataclass
 from enum import Enum, auto
 from typing import Any, Callable
+import numpy as np
+from tinychad.dtype import VECTOR_FLOATS, NATIVE_VECTOR_DTYPES, DType, dtypes
 from tinychad.helpers import toposort
 
 
@@ -82,9 +95,87 @@ class BufferOps(_OpEnum):
 
 Op = UnaryOps | BinaryOps | TernaryOps | ReduceOps | MovementOps | LoadOps | BufferOps
 
-# ops whose result is bool regardless of the input dtype
-COMPARISONS = {BinaryOps.CMPLT, BinaryOps.CMPEQ, BinaryOps.CMPNE}
 ALU_OPS = (UnaryOps, BinaryOps, TernaryOps)
+
+
+@dataclass(frozen=True)
+class OpInfo:
+  """The facts about one ALU or reduce op. Spellings are per result category (bool, integer, float:
+  DType.category indexes them); None where the op has no meaning there or a renderer rule spells it."""
+  float_only: bool = False    # defined on floats: integer inputs compute in float64 and convert back, as numpy does
+  costly: bool = False        # computing it again costs more than a load from L1 (a polynomial, libm, a division)
+  dtype: DType | None = None  # the result's dtype when fixed (comparisons give bool); else the dtype of the values
+                              # it combines (WHERE's second and third sources), or CAST's and BITCAST's arg
+  vector_dtypes: frozenset[DType] = frozenset()  # where it is one lane-wise SIMD instruction (C operator, LLVM op)
+  simd: bool = True           # may be in a SIMD kernel at all (BITCAST goes through memory per element in C)
+  numpy: Callable | None = None  # the numpy implementation, with C semantics (None: the device needs the dtype)
+  c: tuple[str | None, str | None, str | None] = (None, None, None)  # C expression over the sources {0} {1} {2};
+                              # {f} is the float-function suffix ("f" but for double), {dtype} the result's C type
+  llvm: tuple[str | None, str | None, str | None] = (None, None, None)  # IRBuilder method, or "llvm.*" intrinsic
+  predicate: str | None = None  # comparisons: the relation LLVM's icmp/fcmp take
+  identity: Callable[[DType], Any] | None = None  # ReduceOps: the accumulator's start value for a dtype
+
+
+def _each(spelling: str) -> tuple[str, str, str]: return (spelling, spelling, spelling)
+
+
+def _trunc_div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+  """C's division: truncating for integers, and 0 for a zero integer divisor (numpy's answer)."""
+  if np.issubdtype(np.result_type(a, b), np.floating): return a / b
+  q = np.floor_divide(a, np.where(b == 0, 1, b))
+  fix = (np.remainder(a, np.where(b == 0, 1, b)) != 0) & ((a < 0) != (b < 0))
+  return np.where(b == 0, 0, q + fix)
+
+
+def _c_mod(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+  """C's remainder (the dividend's sign): fmod, and 0 for a zero integer divisor."""
+  return np.fmod(a, np.where(b == 0, 1, b)) if a.dtype.kind in "iu" else np.fmod(a, b)
+
+
+def _max_identity(dtype: DType) -> Any:
+  if dtype.is_float: return float("-inf")
+  if dtype == dtypes.bool: return False
+  return 0 if dtype.is_unsigned else -(2 ** (8 * dtype.itemsize - 1))
+
+
+_MATH = dict(float_only=True, costly=True)   # libm functions (float32 exp2/log2: the renderers' polynomials)
+OP_INFO: dict[Op, OpInfo] = {
+  UnaryOps.NEG: OpInfo(vector_dtypes=NATIVE_VECTOR_DTYPES, c=("!{0}", "-{0}", "-{0}"), llvm=(None, "neg", "fneg"),
+                       numpy=lambda x: np.logical_not(x) if x.dtype == np.bool_ else np.negative(x)),
+  UnaryOps.EXP2: OpInfo(**_MATH, numpy=np.exp2, c=(None, None, "exp2{f}({0})"), llvm=(None, None, "llvm.exp2")),
+  UnaryOps.LOG2: OpInfo(**_MATH, numpy=np.log2, c=(None, None, "log2{f}({0})"), llvm=(None, None, "llvm.log2")),
+  UnaryOps.SIN: OpInfo(**_MATH, numpy=np.sin, c=(None, None, "sin{f}({0})"), llvm=(None, None, "llvm.sin")),
+  UnaryOps.SQRT: OpInfo(**_MATH, numpy=np.sqrt, c=(None, None, "sqrt{f}({0})"), llvm=(None, None, "llvm.sqrt")),
+  UnaryOps.RECIP: OpInfo(costly=True, numpy=np.reciprocal,
+                         c=("({0}==0 ? 0 : 1/{0})", "({0}==0 ? 0 : 1/{0})", "1/{0}")),
+  UnaryOps.TRUNC: OpInfo(numpy=np.trunc, c=("{0}", "{0}", "trunc{f}({0})"), llvm=(None, None, "llvm.trunc")),
+  UnaryOps.CAST: OpInfo(c=_each("({dtype}){0}")),
+  UnaryOps.BITCAST: OpInfo(simd=False),
+  # bool arithmetic as numpy does it: + is or, * is and, - is xor, max is or
+  BinaryOps.ADD: OpInfo(vector_dtypes=NATIVE_VECTOR_DTYPES, numpy=np.add, c=_each("{0}+{1}"),
+                        llvm=("or_", "add", "fadd")),
+  BinaryOps.SUB: OpInfo(vector_dtypes=NATIVE_VECTOR_DTYPES, numpy=np.subtract, c=_each("{0}-{1}"),
+                        llvm=("xor", "sub", "fsub")),
+  BinaryOps.MUL: OpInfo(vector_dtypes=NATIVE_VECTOR_DTYPES, numpy=np.multiply, c=_each("{0}*{1}"),
+                        llvm=("and_", "mul", "fmul")),
+  BinaryOps.DIV: OpInfo(costly=True, vector_dtypes=VECTOR_FLOATS, numpy=_trunc_div, c=_each("{0}/{1}"),
+                        llvm=(None, None, "fdiv")),
+  BinaryOps.MOD: OpInfo(numpy=_c_mod, c=("{0}%{1}", "{0}%{1}", "fmod{f}({0}, {1})"), llvm=(None, None, "frem")),
+  # NaN wins, as in numpy.maximum (in a C lane loop gcc turns the float select into a vector blend)
+  BinaryOps.MAX: OpInfo(numpy=np.maximum, llvm=("or_", None, None),
+                        c=("({0}>{1}) ? {0} : {1}", "({0}>{1}) ? {0} : {1}", "{0}!={0} ? {0} : ({0}>{1} ? {0} : {1})")),
+  BinaryOps.CMPLT: OpInfo(dtype=dtypes.bool, numpy=np.less, c=_each("{0}<{1}"), predicate="<"),
+  BinaryOps.CMPEQ: OpInfo(dtype=dtypes.bool, numpy=np.equal, c=_each("{0}=={1}"), predicate="=="),
+  BinaryOps.CMPNE: OpInfo(dtype=dtypes.bool, numpy=np.not_equal, c=_each("{0}!={1}"), predicate="!="),
+  BinaryOps.AND: OpInfo(numpy=np.bitwise_and, c=_each("{0}&{1}"), llvm=("and_", "and_", None)),
+  BinaryOps.OR: OpInfo(numpy=np.bitwise_or, c=_each("{0}|{1}"), llvm=("or_", "or_", None)),
+  BinaryOps.XOR: OpInfo(numpy=np.bitwise_xor, c=_each("{0}^{1}"), llvm=("xor", "xor", None)),
+  TernaryOps.WHERE: OpInfo(numpy=np.where, c=_each("{0} ? {1} : {2}"), llvm=_each("select")),
+  ReduceOps.SUM: OpInfo(numpy=np.sum, identity=lambda dt: False if dt == dtypes.bool else (0.0 if dt.is_float else 0)),
+  ReduceOps.MAX: OpInfo(numpy=np.max, identity=_max_identity),
+}
+# ops whose result is bool regardless of the input dtype
+COMPARISONS = {op for op, info in OP_INFO.items() if info.dtype is dtypes.bool}
 
 
 class KernelNode:

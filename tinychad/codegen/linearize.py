@@ -28,9 +28,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum, auto
 from typing import Any
-from tinychad.dtype import DType, dtypes
+from tinychad.dtype import VECTOR_FLOATS, DType, dtypes
 from tinychad.helpers import prod
-from tinychad.ops import Op, UnaryOps, BinaryOps, TernaryOps, ReduceOps, BufferOps, KernelNode
+from tinychad.ops import OP_INFO, Op, UnaryOps, BinaryOps, TernaryOps, ReduceOps, BufferOps, KernelNode
 from tinychad.view import ShapeTracker, View
 from tinychad.codegen.symbolic import Node, Num, Var, Sum, Mul, Div, Mod, Lt, Ge, And, to_node, fits_int32
 from tinychad.codegen.opt import (STREAM_DTYPES, LeafAccess, Opts, choose_opts, panel_strides, reduce_size, simd_bytes,
@@ -91,17 +91,10 @@ _ACC_DTYPE = {dtypes.float16: dtypes.float32}
 # a row pass reads back a value of its reduce loop only if computing it again costs more than a load
 # from L1: a polynomial or a division. Softmax 4096x4096: the row kernel 12.3 -> 11.4 ms on one thread,
 # 6.3 -> 5.5 ms on two, where it now waits on memory
-_ROW_CACHE_OPS = {UnaryOps.EXP2, UnaryOps.LOG2, UnaryOps.SIN, UnaryOps.SQRT, UnaryOps.RECIP, BinaryOps.DIV}
-_ROW_CACHE_DTYPES = {dtypes.float32, dtypes.float64}
+_ROW_CACHE_OPS = {op for op, info in OP_INFO.items() if info.costly}
+_ROW_CACHE_DTYPES = VECTOR_FLOATS
 # the scratch row lives on the stack, next to the row of input the pass reads again from L1/L2
 ROW_CACHE_MAX_BYTES = 64 * 1024
-
-
-def reduce_identity(op: ReduceOps, dtype: DType) -> Any:
-  if op is ReduceOps.SUM: return False if dtype == dtypes.bool else (0.0 if dtype.is_float else 0)
-  if dtype.is_float: return float("-inf")
-  if dtype == dtypes.bool: return False
-  return 0 if dtype.is_unsigned else -(2 ** (8 * dtype.itemsize - 1))
 
 
 # ---- dimension simplification ----
@@ -488,7 +481,7 @@ class _Lowerer:
     vec = self.opts.vector[1] if self.opts.vector is not None else 1
     outer_lanes, inner_lanes = self.lanes(reduce=False), self.lanes(reduce=True)
     # one accumulator per (output lane, reduce lane): independent chains the CPU can overlap
-    accs = {(o, r): self.emit(UOps.DEFINE_ACC, acc_dtype, (), reduce_identity(op, acc_dtype), cse=False, vec=vec)
+    accs = {(o, r): self.emit(UOps.DEFINE_ACC, acc_dtype, (), OP_INFO[op].identity(acc_dtype), cse=False, vec=vec)
             for o in outer_lanes for r in inner_lanes}
     opened = self.open_reduce_loops()
     self.reducing = True
@@ -609,7 +602,7 @@ def _consecutive(exprs: list[tuple[Node, Node | None]]) -> bool:
   return True
 
 
-_FLOAT_ONLY = {UnaryOps.EXP2, UnaryOps.LOG2, UnaryOps.SIN, UnaryOps.SQRT}
+_FLOAT_ONLY = {op for op, info in OP_INFO.items() if info.float_only}
 
 
 def _check_root(ast: KernelNode) -> None:

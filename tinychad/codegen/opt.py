@@ -55,15 +55,13 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, field
 from pathlib import Path
-from tinychad.dtype import DType, dtypes
+from tinychad.dtype import NATIVE_VECTOR_DTYPES, VECTOR_DTYPES, DType
 from tinychad.helpers import getenv, prod
 from tinychad.host import simd_bytes
-from tinychad.ops import Op, UnaryOps
+from tinychad.ops import OP_INFO, Op
 
-# dtypes a SIMD value may hold: the renderers have vector types for these (half keeps per-op rounding scalar)
-VECTOR_DTYPES = {dtypes.float32, dtypes.float64, dtypes.int32, dtypes.int64, dtypes.bool}
-# ops a SIMD kernel may not contain: BITCAST goes through memory per element in C
-SCALAR_ONLY_OPS = {UnaryOps.BITCAST}
+# ops a SIMD kernel may not contain (the dtypes it may hold are dtype.VECTOR_DTYPES)
+SCALAR_ONLY_OPS = {op for op, info in OP_INFO.items() if not info.simd}
 MIN_VECTOR_WIDTH = 4          # narrower vectors aren't worth their shuffles
 MIN_REDUCE_FOR_TILE = 16       # shorter reductions are not worth a register tile
 TILE_AMOUNTS = (8, 7, 6, 5, 4, 3, 2) # register-tile unroll per reuse axis, the first that fits wins
@@ -135,7 +133,7 @@ class Opts:
 # EPYC VM (32 MiB L3), plain -> streaming stores: exp(relu(a*b+c)) 37 -> 42-44 GB/s on 2 threads, 20 ->
 # 26 on one; softmax 4096x4096 7.0-7.2 -> 6.1-6.5 ms on 2 threads, 12.3 -> 10.8 ms on one
 STREAM_MIN_BYTES = 8 << 20
-STREAM_DTYPES = {dtypes.float32, dtypes.float64, dtypes.int32, dtypes.int64}   # the renderers' streaming stores
+STREAM_DTYPES = NATIVE_VECTOR_DTYPES   # the renderers' streaming stores
 
 
 @functools.lru_cache(maxsize=None)

@@ -14,13 +14,10 @@ one-hot reduce over the table would do rows * count * width.
 """
 from __future__ import annotations
 from typing import Any
-from tinychad.dtype import DType, dtypes
+from tinychad.dtype import VECTOR_FLOATS, DType, dtypes
 from tinychad.ops import BinaryOps, KernelNode, TernaryOps, UnaryOps
 from tinychad.codegen.linearize import Program, UOp, UOps
 from tinychad.codegen.opt import simd_bytes
-
-# dtypes whose lanes the renderers add as one vector operation
-_VECTOR_DTYPES = (dtypes.float32, dtypes.float64)
 
 
 class _Emitter:
@@ -43,7 +40,7 @@ class _Emitter:
 def lower_scatter_add(node: KernelNode, name: str) -> Program:
   rows, count, width, index_dtype = node.arg
   dtype = node.dtype
-  lanes = simd_bytes() // dtype.itemsize if dtype in _VECTOR_DTYPES else 1
+  lanes = simd_bytes() // dtype.itemsize if dtype in VECTOR_FLOATS else 1
   if width % lanes: lanes = 1
   idx = dtypes.int32 if max(rows, count, 1) * width < 2 ** 31 else dtypes.int64
   k = _Emitter()

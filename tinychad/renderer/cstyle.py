@@ -4,7 +4,9 @@ in: a Program (codegen/linearize.py)
 out: C99 source of one function `void <name>(T0* restrict data0, const T1* restrict data1, ...,
      long long start, long long end)`; [start, end) is the range of the program's parallel loop.
 Every IR value becomes one typed local variable, so each float16 op rounds to half once, as numpy
-does, and the C mirrors the IR line by line. Integer division and remainder are guarded so a zero
+does, and the C mirrors the IR line by line (LINES: one method per kind of UOp). An ALU op is spelled
+by its template in the op table (ops.OP_INFO); SCALAR_RULES and VECTOR_RULES, (applies, render) pairs
+tried in order before it, are what a template can't say. Integer division and remainder are guarded so a zero
 divisor gives 0 (numpy's answer) instead of a crash.
 SIMD values (vec > 1) use GCC vector extensions (clang has them too): `+ - * /`, negation, bitwise
 ops, compares (lane masks, stored as bool bytes), selects and max (bit blends through a mask), casts
@@ -21,8 +23,8 @@ so the function ends with a store fence (tc_stream_fence) and every write is vis
 from __future__ import annotations
 import math
 import numpy as np
-from tinychad.dtype import DType, dtypes
-from tinychad.ops import UnaryOps, BinaryOps, TernaryOps, COMPARISONS
+from tinychad.dtype import NATIVE_VECTOR_DTYPES, DType, dtypes
+from tinychad.ops import OP_INFO, COMPARISONS, Op, UnaryOps, BinaryOps, TernaryOps
 from tinychad.codegen.linearize import Program, UOp, UOps
 from tinychad.renderer.cmath import POLY_MATH, SCALAR_MAX, VECTOR_MATH, blend
 
@@ -48,9 +50,12 @@ def render_const(value, dtype: DType) -> str:
   return f"(({dtype.c_name}){text}f)"
 
 
-def _math_fn(name: str, dtype: DType) -> str:
+def spell(op: Op, dtype: DType, *srcs: str) -> str:
+  """The op table's C expression of `op` with a `dtype` result over the rendered sources."""
+  template = OP_INFO[op].c[dtype.category]
+  if template is None: raise NotImplementedError(f"C renderer has no rule for {op} on {dtype.name}")
   # float32 and float16 use the float versions of libm functions; float16 converts implicitly
-  return name if dtype == dtypes.float64 else name + "f"
+  return template.format(*srcs, f="" if dtype == dtypes.float64 else "f", dtype=dtype.c_name)
 
 
 def _is_safe_divisor(u: UOp) -> bool:
@@ -83,41 +88,16 @@ class CRenderer:
     return self.names[id(u)]
 
   def alu(self, u: UOp, s: list[str]) -> str:
-    """The scalar C expression of ALU op `u` over the rendered sources `s`."""
-    op, dt = u.arg, u.dtype
-    sdt = u.srcs[0].dtype
-    if op is UnaryOps.NEG: return f"!{s[0]}" if dt == dtypes.bool else f"-{s[0]}"
-    if (op, dt) in POLY_MATH:
-      name, definition = POLY_MATH[(op, dt)]
-      self.helpers[name] = definition
-      return f"{name}({s[0]})"
-    if op in (UnaryOps.EXP2, UnaryOps.LOG2, UnaryOps.SIN, UnaryOps.SQRT):
-      return f"{_math_fn(op.name.lower(), dt)}({s[0]})"
-    if op is UnaryOps.RECIP:
-      return f"1/{s[0]}" if dt.is_float else f"({s[0]}==0 ? 0 : 1/{s[0]})"
-    if op is UnaryOps.TRUNC: return f"{_math_fn('trunc', dt)}({s[0]})" if dt.is_float else s[0]
-    if op is UnaryOps.CAST: return f"({dt.c_name}){s[0]}"
-    if op in _INFIX: return f"{s[0]}{_INFIX[op]}{s[1]}"
-    if op is BinaryOps.DIV:
-      if dt.is_float or _is_safe_divisor(u.srcs[1]): return f"{s[0]}/{s[1]}"
-      # x/0 is 0 like numpy; MIN/-1 overflows the division, but -x wraps (we compile with -fwrapv)
-      neg = f"{s[1]}==-1 ? -{s[0]} : " if not dt.is_unsigned else ""
-      return f"({s[1]}==0 ? 0 : {neg}{s[0]}/{s[1]})"
-    if op is BinaryOps.MOD:
-      if dt.is_float: return f"{_math_fn('fmod', dt)}({s[0]}, {s[1]})"
-      if _is_safe_divisor(u.srcs[1]): return f"{s[0]}%{s[1]}"
-      bad = f"{s[1]}==0" + (f" || {s[1]}==-1" if not dt.is_unsigned else "")
-      return f"({bad} ? 0 : {s[0]}%{s[1]})"
-    if op is BinaryOps.MAX:
-      if not sdt.is_float: return f"({s[0]}>{s[1]}) ? {s[0]} : {s[1]}"
-      if u.vec == 1 and sdt in SCALAR_MAX:
-        name, definition = SCALAR_MAX[sdt]
-        self.helpers[name] = definition
-        return f"{name}({s[0]}, {s[1]})"
-      # NaN wins, as in numpy.maximum (in a lane loop gcc turns this select into a vector blend)
-      return f"{s[0]}!={s[0]} ? {s[0]} : ({s[0]}>{s[1]} ? {s[0]} : {s[1]})"
-    if op is TernaryOps.WHERE: return f"{s[0]} ? {s[1]} : {s[2]}"
-    raise NotImplementedError(f"C renderer has no rule for {op}")
+    """The scalar C expression of ALU op `u` over the rendered sources `s`: the first rule of
+    SCALAR_RULES that applies, else the op table's spelling."""
+    for applies, render in SCALAR_RULES:
+      if applies(u): return render(self, u, s)
+    return spell(u.arg, u.dtype, *s)
+
+  def helper_call(self, name: str, definition: str, args: list[str]) -> str:
+    """A call of a helper function, whose definition the kernel's source then carries."""
+    self.helpers[name] = definition
+    return f"{name}({', '.join(args)})"
 
   def type_name(self, dtype: DType, vec: int) -> str:
     """The C type of a value: the scalar type, or a vector typedef (declared once per kernel)."""
@@ -159,107 +139,81 @@ class CRenderer:
     turns into a scalar loop per lane (a clip, two WHEREs, ran at 84 ns per 16 floats)."""
     operands = [x.dtype for x in cond.srcs]
     if cond.op is UOps.ALU and cond.arg in COMPARISONS and operands[0] == operands[1] and \
-       operands[0] in _NATIVE_VECTOR_DTYPES and operands[0].itemsize == itemsize:
+       operands[0] in NATIVE_VECTOR_DTYPES and operands[0].itemsize == itemsize:
       a, b = (self.splat(self.ref(x), x, cond.vec) for x in cond.srcs)
-      return f"({a}{_INFIX[cond.arg]}{b})"
+      return f"({spell(cond.arg, cond.dtype, a, b)})"
     return f"-__builtin_convertvector({ref}, {mtype})"
 
   def vector_alu(self, u: UOp, name: str) -> list[str]:
-    """A SIMD ALU op: a native vector operator where C has one, else the scalar expression per lane."""
-    vtype, op = self.type_name(u.dtype, u.vec), u.arg
-    s = [self.ref(x) for x in u.srcs]
-    native = u.dtype in _NATIVE_VECTOR_DTYPES and all(x.dtype == u.dtype for x in u.srcs)
-    if native and (op in _NATIVE_VECTOR_OPS or (op is BinaryOps.DIV and u.dtype.is_float)):
-      if op is UnaryOps.NEG: return [f"{vtype} {name} = -{s[0]};"]
-      return [f"{vtype} {name} = {s[0]}{_INFIX.get(op, '/')}{s[1]};"]
-    operands = [x.dtype for x in u.srcs]
-    if (op, u.dtype) in VECTOR_MATH and operands[0] == u.dtype:
-      prefix, define = VECTOR_MATH[(op, u.dtype)]
-      helper = f"{prefix}_{vtype}"
-      self.helpers[helper] = define(helper, vtype, self.type_name(_MASK_INT[u.dtype.itemsize], u.vec))
-      return [f"{vtype} {name} = {helper}({s[0]});"]
-    if op is BinaryOps.MAX and native and u.dtype.itemsize in _MASK_INT:
-      # NaN wins, as in numpy.maximum: keep a where a > b or a is NaN
-      mtype = self.type_name(_MASK_INT[u.dtype.itemsize], u.vec)
-      a, b = (self.splat(x, src, u.vec) for x, src in zip(s, u.srcs))
-      keep = f"({a} > {b}) | ({a} != {a})" if u.dtype.is_float else f"{a} > {b}"
-      return [f"{mtype} {name}m = {keep};", f"{vtype} {name} = {blend(name + 'm', a, b, mtype, vtype)};"]
-    if op is UnaryOps.RECIP and native and u.dtype.is_float: return [f"{vtype} {name} = 1 / {s[0]};"]
-    if op in (BinaryOps.AND, BinaryOps.OR, BinaryOps.XOR) and all(x == u.dtype for x in operands) and not u.dtype.is_float:
-      a, b = (self.splat(x, src, u.vec) for x, src in zip(s, u.srcs))
-      return [f"{vtype} {name} = {a}{_INFIX[op]}{b};"]
-    if op is UnaryOps.CAST and u.srcs[0].vec > 1 and operands[0] == dtypes.bool and u.dtype in _NATIVE_VECTOR_DTYPES:
-      # a bool (a compare) to 1/0 through a lane mask: the mask ANDs the bits of 1 in each lane
-      mtype = self.type_name(_MASK_INT[u.dtype.itemsize], u.vec)
-      mask = self.lane_mask(u.srcs[0], s[0], u.dtype.itemsize, mtype)
-      return [f"{vtype} {name} = ({vtype})({mask} & ({mtype})(({vtype}){{}} + 1));"]
-    if op is UnaryOps.CAST and u.srcs[0].vec > 1 and _converts_exactly(operands[0], u.dtype):
-      return [f"{vtype} {name} = __builtin_convertvector({s[0]}, {vtype});"]
-    if op in COMPARISONS and operands[0] in _NATIVE_VECTOR_DTYPES and operands[0] == operands[1]:
-      # a vector compare gives lanes of -1/0 as wide as its operands; bool lanes are bytes of 1/0
-      both = [self.splat(x, src, u.vec) for x, src in zip(s, u.srcs)]
-      return [f"{vtype} {name} = __builtin_convertvector(-({both[0]}{_INFIX[op]}{both[1]}), {vtype});"]
-    if op is TernaryOps.WHERE and u.srcs[0].vec > 1 and u.dtype in _NATIVE_VECTOR_DTYPES and u.dtype.itemsize in _MASK_INT:
-      # blend through a mask of all-ones lanes: C has no ?: on vectors, and a lane loop of
-      # byte-wide conditions over float lanes is a pattern gcc won't vectorize
-      mtype = self.type_name(_MASK_INT[u.dtype.itemsize], u.vec)
-      picks = [f"({mtype}){self.splat(x, src, u.vec)}" for x, src in zip(s[1:], u.srcs[1:])]
-      return [f"{mtype} {name}m = {self.lane_mask(u.srcs[0], s[0], u.dtype.itemsize, mtype)};",
-              f"{vtype} {name} = ({vtype})(({picks[0]} & {name}m) | ({picks[1]} & ~{name}m));"]
-    if op is TernaryOps.WHERE and u.srcs[0].vec == 1:
-      # one condition picks a whole vector (a gather's one-hot row): no per-lane loop for gcc to untangle
-      picks = [self.splat(x, src, u.vec) for x, src in zip(s[1:], u.srcs[1:])]
-      return [f"{vtype} {name} = {s[0]} ? {picks[0]} : {picks[1]};"]
+    """A SIMD ALU op: the first rule of VECTOR_RULES that applies (a native vector operator where C has
+    one), else the scalar expression per lane."""
+    vtype, s = self.type_name(u.dtype, u.vec), [self.ref(x) for x in u.srcs]
+    for applies, render in VECTOR_RULES:
+      if applies(u): return render(self, u, s, name, vtype)
     lane = [f"{x}[l]" if src.vec > 1 else x for x, src in zip(s, u.srcs)]
     cast = "(_Bool)" if u.dtype == dtypes.bool else ""
     return [f"{vtype} {name};", f"for (int l = 0; l < {u.vec}; l++) {name}[l] = {cast}({self.alu(u, lane)});"]
 
+  def splats(self, u: UOp, s: list[str]) -> list[str]:
+    """Every source as a vector (scalars broadcast)."""
+    return [self.splat(x, src, u.vec) for x, src in zip(s, u.srcs)]
+
+  def mask_type(self, u: UOp) -> str:
+    """The integer vector type as wide per lane as u's: what a lane compare gives."""
+    return self.type_name(_MASK_INT[u.dtype.itemsize], u.vec)
+
   def line(self, u: UOp) -> str | list[str]:
-    n = u.num
-    if u.op is UOps.RANGE:
-      name, extent, parallel, unroll = u.arg
-      self.names[id(u)] = name
-      lo, hi = ("start", "end") if parallel else ("0", str(extent))
-      loop = f"for ({u.dtype.c_name} {name} = {lo}; {name} < {hi}; {name}++) {{"
-      # gcc and clang both read this pragma; the unrolled copies share the loop's accumulators
-      return [f"#pragma GCC unroll {unroll}", loop] if unroll > 1 else loop
-    if u.op is UOps.ENDRANGE: return "}"
-    if u.op is UOps.DEFINE_LOCAL:
-      self.names[id(u)] = f"local{n}"
-      return f"{u.dtype.c_name} local{n}[{u.arg}] __attribute__((aligned(64)));"
-    if u.op is UOps.LOAD:
-      self.names[id(u)] = f"val{n}"
-      vtype = self.type_name(u.dtype, u.vec)
-      read = f"{self.ref(u.srcs[0])}[{self.ref(u.srcs[1])}]" if u.vec == 1 else f"*(const {vtype}u*)({self.address(u)})"
-      if len(u.srcs) == 3: read = f"{self.ref(u.srcs[2])} ? {read} : {'0' if u.vec == 1 else f'({vtype}){{}}'}"
-      return f"{vtype} val{n} = {read};"
-    if u.op is UOps.DEFINE_ACC:
-      self.names[id(u)] = f"acc{n}"
-      init = render_const(u.arg, u.dtype)
-      if u.vec > 1: init = f"({self.type_name(u.dtype, u.vec)}){{}} + {init}"
-      return f"{self.type_name(u.dtype, u.vec)} acc{n} = {init};"
-    if u.op is UOps.ASSIGN: return f"{self.ref(u.srcs[0])} = {self.ref(u.srcs[1])};"
-    if u.op is UOps.STORE and u.arg == "stream":
-      return f"{self.stream_helper(u.srcs[2])}({self.address(u)}, {self.ref(u.srcs[2])});"
-    if u.op is UOps.STORE:
-      buf, idx, value = (self.ref(x) for x in u.srcs)
-      if u.srcs[2].vec > 1: return f"*({self.type_name(u.srcs[2].dtype, u.srcs[2].vec)}u*)({self.address(u)}) = {value};"
-      return f"{buf}[{idx}] = {value};"
-    if u.op is UOps.VECTORIZE:
-      self.names[id(u)] = f"vec{n}"
-      vtype = self.type_name(u.dtype, u.vec)
-      return f"{vtype} vec{n} = ({vtype}){{{', '.join(self.ref(x) for x in u.srcs)}}};"
-    if u.op is UOps.GEP:
-      self.names[id(u)] = f"gep{n}"
-      return f"{u.dtype.c_name} gep{n} = {self.ref(u.srcs[0])}[{u.arg}];"
-    if u.op is UOps.ALU:
-      self.names[id(u)] = f"alu{n}"
-      if u.vec > 1: return self.vector_alu(u, f"alu{n}")
-      if u.arg is UnaryOps.BITCAST:
-        # memcpy is the defined way to reinterpret bits in C; compilers turn it into a move
-        return [f"{u.dtype.c_name} alu{n};", f"__builtin_memcpy(&alu{n}, &{self.ref(u.srcs[0])}, sizeof(alu{n}));"]
-      return f"{u.dtype.c_name} alu{n} = {self.alu(u, [self.ref(x) for x in u.srcs])};"
-    raise NotImplementedError(f"C renderer has no rule for {u.op}")
+    """The C line(s) of one UOp, by its kind (LINES)."""
+    if u.op not in LINES: raise NotImplementedError(f"C renderer has no rule for {u.op}")
+    return LINES[u.op](self, u)
+
+  def open_loop(self, u: UOp) -> str | list[str]:
+    name, extent, parallel, unroll = u.arg
+    self.names[id(u)] = name
+    lo, hi = ("start", "end") if parallel else ("0", str(extent))
+    loop = f"for ({u.dtype.c_name} {name} = {lo}; {name} < {hi}; {name}++) {{"
+    # gcc and clang both read this pragma; the unrolled copies share the loop's accumulators
+    return [f"#pragma GCC unroll {unroll}", loop] if unroll > 1 else loop
+
+  def define_local(self, u: UOp) -> str:
+    self.names[id(u)] = f"local{u.num}"
+    return f"{u.dtype.c_name} local{u.num}[{u.arg}] __attribute__((aligned(64)));"
+
+  def load(self, u: UOp) -> str:
+    self.names[id(u)] = f"val{u.num}"
+    vtype = self.type_name(u.dtype, u.vec)
+    read = f"{self.ref(u.srcs[0])}[{self.ref(u.srcs[1])}]" if u.vec == 1 else f"*(const {vtype}u*)({self.address(u)})"
+    if len(u.srcs) == 3: read = f"{self.ref(u.srcs[2])} ? {read} : {'0' if u.vec == 1 else f'({vtype}){{}}'}"
+    return f"{vtype} val{u.num} = {read};"
+
+  def define_acc(self, u: UOp) -> str:
+    self.names[id(u)] = f"acc{u.num}"
+    init = render_const(u.arg, u.dtype)
+    if u.vec > 1: init = f"({self.type_name(u.dtype, u.vec)}){{}} + {init}"
+    return f"{self.type_name(u.dtype, u.vec)} acc{u.num} = {init};"
+
+  def store(self, u: UOp) -> str:
+    if u.arg == "stream": return f"{self.stream_helper(u.srcs[2])}({self.address(u)}, {self.ref(u.srcs[2])});"
+    buf, idx, value = (self.ref(x) for x in u.srcs)
+    if u.srcs[2].vec > 1: return f"*({self.type_name(u.srcs[2].dtype, u.srcs[2].vec)}u*)({self.address(u)}) = {value};"
+    return f"{buf}[{idx}] = {value};"
+
+  def vectorize(self, u: UOp) -> str:
+    self.names[id(u)] = f"vec{u.num}"
+    vtype = self.type_name(u.dtype, u.vec)
+    return f"{vtype} vec{u.num} = ({vtype}){{{', '.join(self.ref(x) for x in u.srcs)}}};"
+
+  def gep(self, u: UOp) -> str:
+    self.names[id(u)] = f"gep{u.num}"
+    return f"{u.dtype.c_name} gep{u.num} = {self.ref(u.srcs[0])}[{u.arg}];"
+
+  def alu_line(self, u: UOp) -> str | list[str]:
+    name = self.names[id(u)] = f"alu{u.num}"
+    if u.vec > 1: return self.vector_alu(u, name)
+    if u.arg is UnaryOps.BITCAST:
+      # memcpy is the defined way to reinterpret bits in C; compilers turn it into a move
+      return [f"{u.dtype.c_name} {name};", f"__builtin_memcpy(&{name}, &{self.ref(u.srcs[0])}, sizeof({name}));"]
+    return f"{u.dtype.c_name} {name} = {self.alu(u, [self.ref(x) for x in u.srcs])};"
 
   def render_function(self) -> str:
     """The kernel's function alone; rendering it fills in the typedefs and helpers it needs."""
@@ -282,10 +236,105 @@ class CRenderer:
 
 
 
-_INFIX = {
-  BinaryOps.ADD: "+", BinaryOps.SUB: "-", BinaryOps.MUL: "*", BinaryOps.CMPLT: "<", BinaryOps.CMPEQ: "==",
-  BinaryOps.CMPNE: "!=", BinaryOps.AND: "&", BinaryOps.OR: "|", BinaryOps.XOR: "^",
-}
+LINES = {UOps.RANGE: CRenderer.open_loop, UOps.ENDRANGE: lambda r, u: "}", UOps.DEFINE_LOCAL: CRenderer.define_local,
+         UOps.LOAD: CRenderer.load, UOps.DEFINE_ACC: CRenderer.define_acc, UOps.STORE: CRenderer.store,
+         UOps.ASSIGN: lambda r, u: f"{r.ref(u.srcs[0])} = {r.ref(u.srcs[1])};", UOps.VECTORIZE: CRenderer.vectorize,
+         UOps.GEP: CRenderer.gep, UOps.ALU: CRenderer.alu_line}
+
+
+# ---- ALU rules: what the op table can't spell, as (applies(uop), render) pairs tried in order ----
+
+def _guarded_divmod(r: CRenderer, u: UOp, s: list[str]) -> str:
+  """x/0 and x%0 are 0 like numpy; MIN/-1 overflows the division, but -x wraps (we compile with -fwrapv)."""
+  if u.arg is BinaryOps.DIV:
+    neg = f"{s[1]}==-1 ? -{s[0]} : " if not u.dtype.is_unsigned else ""
+    return f"({s[1]}==0 ? 0 : {neg}{s[0]}/{s[1]})"
+  bad = f"{s[1]}==0" + (f" || {s[1]}==-1" if not u.dtype.is_unsigned else "")
+  return f"({bad} ? 0 : {s[0]}%{s[1]})"
+
+
+SCALAR_RULES = (
+  # float32 exp2 and log2: polynomials (cmath.py), no libm call in a kernel's hot loop
+  (lambda u: (u.arg, u.dtype) in POLY_MATH, lambda r, u, s: r.helper_call(*POLY_MATH[(u.arg, u.dtype)], s)),
+  # a float max as a SIMD select in lane 0, not a branch on the data
+  (lambda u: u.arg is BinaryOps.MAX and u.vec == 1 and u.dtype in SCALAR_MAX,
+   lambda r, u, s: r.helper_call(*SCALAR_MAX[u.dtype], s)),
+  (lambda u: u.arg in (BinaryOps.DIV, BinaryOps.MOD) and not u.dtype.is_float and not _is_safe_divisor(u.srcs[1]),
+   _guarded_divmod),
+)
+
+
+def _uniform(u: UOp) -> bool: return all(x.dtype == u.dtype for x in u.srcs)
+
+
+def _native(u: UOp) -> bool:
+  """C's vector operators act on u's lanes with the scalar op's meaning: a native dtype, all sources of it."""
+  return u.dtype in NATIVE_VECTOR_DTYPES and _uniform(u)
+
+
+def _vector_math(r: CRenderer, u: UOp, s: list[str], name: str, vtype: str) -> list[str]:
+  prefix, define = VECTOR_MATH[(u.arg, u.dtype)]
+  helper = f"{prefix}_{vtype}"
+  r.helpers[helper] = define(helper, vtype, r.mask_type(u))
+  return [f"{vtype} {name} = {helper}({s[0]});"]
+
+
+def _vector_max(r: CRenderer, u: UOp, s: list[str], name: str, vtype: str) -> list[str]:
+  # NaN wins, as in numpy.maximum: keep a where a > b or a is NaN
+  mtype = r.mask_type(u)
+  a, b = r.splats(u, s)
+  keep = f"({a} > {b}) | ({a} != {a})" if u.dtype.is_float else f"{a} > {b}"
+  return [f"{mtype} {name}m = {keep};", f"{vtype} {name} = {blend(name + 'm', a, b, mtype, vtype)};"]
+
+
+def _bool_to_number(r: CRenderer, u: UOp, s: list[str], name: str, vtype: str) -> list[str]:
+  # a bool (a compare) to 1/0 through a lane mask: the mask ANDs the bits of 1 in each lane
+  mtype = r.mask_type(u)
+  mask = r.lane_mask(u.srcs[0], s[0], u.dtype.itemsize, mtype)
+  return [f"{vtype} {name} = ({vtype})({mask} & ({mtype})(({vtype}){{}} + 1));"]
+
+
+def _vector_compare(r: CRenderer, u: UOp, s: list[str], name: str, vtype: str) -> list[str]:
+  # a vector compare gives lanes of -1/0 as wide as its operands; bool lanes are bytes of 1/0
+  return [f"{vtype} {name} = __builtin_convertvector(-({spell(u.arg, u.dtype, *r.splats(u, s))}), {vtype});"]
+
+
+def _lane_select(r: CRenderer, u: UOp, s: list[str], name: str, vtype: str) -> list[str]:
+  # blend through a mask of all-ones lanes: C has no ?: on vectors, and a lane loop of byte-wide
+  # conditions over float lanes is a pattern gcc won't vectorize
+  mtype = r.mask_type(u)
+  picks = [f"({mtype}){r.splat(x, src, u.vec)}" for x, src in zip(s[1:], u.srcs[1:])]
+  return [f"{mtype} {name}m = {r.lane_mask(u.srcs[0], s[0], u.dtype.itemsize, mtype)};",
+          f"{vtype} {name} = ({vtype})(({picks[0]} & {name}m) | ({picks[1]} & ~{name}m));"]
+
+
+def _vector_select(r: CRenderer, u: UOp, s: list[str], name: str, vtype: str) -> list[str]:
+  # one condition picks a whole vector (a gather's one-hot row): no per-lane loop for gcc to untangle
+  picks = [r.splat(x, src, u.vec) for x, src in zip(s[1:], u.srcs[1:])]
+  return [f"{vtype} {name} = {s[0]} ? {picks[0]} : {picks[1]};"]
+
+
+_BITWISE = (BinaryOps.AND, BinaryOps.OR, BinaryOps.XOR)
+VECTOR_RULES = (
+  # one C vector operator on these lanes (the op table's vector_dtypes)
+  (lambda u: u.dtype in OP_INFO[u.arg].vector_dtypes and _uniform(u),
+   lambda r, u, s, name, vtype: [f"{vtype} {name} = {spell(u.arg, u.dtype, *s)};"]),
+  (lambda u: (u.arg, u.dtype) in VECTOR_MATH and u.srcs[0].dtype == u.dtype, _vector_math),
+  (lambda u: u.arg is BinaryOps.MAX and _native(u), _vector_max),
+  (lambda u: u.arg is UnaryOps.RECIP and _native(u) and u.dtype.is_float,
+   lambda r, u, s, name, vtype: [f"{vtype} {name} = 1 / {s[0]};"]),
+  # integer and bool lanes (bool lanes are bytes of 0/1, and a scalar bool is splatted as a byte)
+  (lambda u: u.arg in _BITWISE and _uniform(u) and not u.dtype.is_float,
+   lambda r, u, s, name, vtype: [f"{vtype} {name} = {spell(u.arg, u.dtype, *r.splats(u, s))};"]),
+  (lambda u: u.arg is UnaryOps.CAST and u.srcs[0].vec > 1 and u.srcs[0].dtype == dtypes.bool and u.dtype in NATIVE_VECTOR_DTYPES,
+   _bool_to_number),
+  (lambda u: u.arg is UnaryOps.CAST and u.srcs[0].vec > 1 and _converts_exactly(u.srcs[0].dtype, u.dtype),
+   lambda r, u, s, name, vtype: [f"{vtype} {name} = __builtin_convertvector({s[0]}, {vtype});"]),
+  (lambda u: u.arg in COMPARISONS and u.srcs[0].dtype in NATIVE_VECTOR_DTYPES and u.srcs[0].dtype == u.srcs[1].dtype,
+   _vector_compare),
+  (lambda u: u.arg is TernaryOps.WHERE and u.srcs[0].vec > 1 and u.dtype in NATIVE_VECTOR_DTYPES, _lane_select),
+  (lambda u: u.arg is TernaryOps.WHERE and u.srcs[0].vec == 1, _vector_select),
+)
 
 
 # AVX's streaming stores by element type: the vector must be aligned to its whole size
@@ -298,18 +347,15 @@ STREAM_FENCE = """static inline void tc_stream_fence(void) {
 }"""
 
 
-# vector types where C's operators act lane-wise with the scalar op's meaning (integers wrap: -fwrapv)
-_NATIVE_VECTOR_DTYPES = {dtypes.float32, dtypes.float64, dtypes.int32, dtypes.int64}
 # the integer type whose lanes are as wide as a value's: the mask a vector compare makes
 _MASK_INT = {4: dtypes.int32, 8: dtypes.int64}
-_NATIVE_VECTOR_OPS = {BinaryOps.ADD, BinaryOps.SUB, BinaryOps.MUL, UnaryOps.NEG}
 
 
 def _converts_exactly(src: DType, dst: DType) -> bool:
   """A vector conversion gives what the scalar C cast gives on every lane: bool lanes (0/1) and the
   native dtypes convert as C does (float to int32/int64 with the same x86 truncating instructions),
   but not to bool, where C tests != 0 and a conversion would truncate."""
-  return src in _NATIVE_VECTOR_DTYPES | {dtypes.bool} and dst in _NATIVE_VECTOR_DTYPES
+  return src in NATIVE_VECTOR_DTYPES | {dtypes.bool} and dst in NATIVE_VECTOR_DTYPES
 
 
 def render_c(program: Program) -> str:

@@ -6,7 +6,9 @@ out: an LLVM module (text) with one function `void @<name>(ptr noalias %data0, .
 Loops are header/body/exit blocks with a phi for the counter; accumulators live in allocas that
 the optimizer promotes to registers (a float SIMD accumulator in one vector alloca). bool is i8 in
 memory and i1 in registers. Semantics match the C renderer: guarded integer division, NaN-propagating
-max, per-op float16 rounding (LLVM's half).
+max, per-op float16 rounding (LLVM's half). An ALU op is the IRBuilder method or intrinsic the op
+table (ops.OP_INFO) names for its dtype, unless one of RULES, (applies, render) pairs tried in order,
+says otherwise; EMIT says how each kind of UOp is emitted.
 A SIMD value (vec > 1) is rendered as a list of scalars, one per lane: every op then has exactly its
 scalar meaning, and LLVM's SLP vectorizer packs the lanes back into vector instructions. Programs
 marked `contract` get the `contract` flag on fadd/fmul, so LLVM may form FMAs.
@@ -15,8 +17,8 @@ instructions, on a whole vector at once for SIMD values, instead of libm calls t
 """
 from __future__ import annotations
 from llvmlite import ir
-from tinychad.dtype import DType, dtypes
-from tinychad.ops import UnaryOps, BinaryOps, TernaryOps
+from tinychad.dtype import VECTOR_FLOATS, DType, dtypes
+from tinychad.ops import OP_INFO, COMPARISONS, UnaryOps, BinaryOps
 from tinychad.codegen.linearize import Program, UOp, UOps
 
 _FLOATS = {dtypes.float16: ir.HalfType(), dtypes.float32: ir.FloatType(), dtypes.float64: ir.DoubleType()}
@@ -40,16 +42,10 @@ def const(value, dtype: DType) -> ir.Constant:
   return ir.Constant(reg_type(dtype), int(value))
 
 
-# float ops on SIMD values emitted as LLVM vector instructions (the rest go lane by lane)
-_SIMD_FLOAT_OPS = {BinaryOps.ADD, BinaryOps.SUB, BinaryOps.MUL, BinaryOps.DIV, UnaryOps.NEG}
-
-
-def _simd(u: UOp) -> bool: return u.vec > 1 and u.dtype in (dtypes.float32, dtypes.float64)
-
-
-_INTRINSICS = {UnaryOps.EXP2: "llvm.exp2", UnaryOps.LOG2: "llvm.log2", UnaryOps.SIN: "llvm.sin",
-               UnaryOps.SQRT: "llvm.sqrt", UnaryOps.TRUNC: "llvm.trunc"}
-_FLOAT_CMP = {BinaryOps.CMPLT: "<", BinaryOps.CMPEQ: "==", BinaryOps.CMPNE: "!="}
+def _simd(u: UOp) -> bool:
+  """A float SIMD value: its ops with its dtype in the op table's vector_dtypes are LLVM vector
+  instructions (the rest go lane by lane)."""
+  return u.vec > 1 and u.dtype in VECTOR_FLOATS
 
 
 def _splat(ty: ir.Type, value) -> ir.Constant:
@@ -182,49 +178,31 @@ class LLVMRenderer:
     return b.select(b.icmp_unsigned("==", d, zero), zero, q)
 
   def alu(self, u: UOp, s: list[ir.Value]) -> ir.Value:
-    """The scalar ALU op `u` over the source values `s`."""
-    b, op, dt = self.b, u.arg, u.dtype
-    sdt = u.srcs[0].dtype
-    if op is UnaryOps.CAST: return self.cast(s[0], sdt, dt)
-    if op is UnaryOps.BITCAST: return b.bitcast(s[0], reg_type(dt))
-    if op is TernaryOps.WHERE: return b.select(s[0], s[1], s[2])
-    if op in _FLOAT_CMP or op is BinaryOps.CMPLT:
-      if sdt.is_float:
-        # != is unordered so NaN != NaN is true; < and == are ordered, like C
-        return b.fcmp_unordered("!=", s[0], s[1]) if op is BinaryOps.CMPNE else b.fcmp_ordered(_FLOAT_CMP[op], s[0], s[1])
-      cmp = b.icmp_unsigned if sdt.is_unsigned else b.icmp_signed
-      return cmp(_FLOAT_CMP[op], s[0], s[1])
-    if dt.is_float:
-      if dt == dtypes.float32 and op in _POLY_MATH: return _POLY_MATH[op](b, s[0])
-      if op in _INTRINSICS: return self.intrinsic(_INTRINSICS[op], dt, s)
-      if op is UnaryOps.NEG: return b.fneg(s[0])
-      if op is UnaryOps.RECIP: return b.fdiv(const(1, dt), s[0])
-      table = {BinaryOps.ADD: b.fadd, BinaryOps.SUB: b.fsub, BinaryOps.MUL: b.fmul, BinaryOps.DIV: b.fdiv,
-               BinaryOps.MOD: b.frem}
-      if op in table: return table[op](s[0], s[1])
-      if op is BinaryOps.MAX:
-        # NaN wins, as in numpy.maximum: a if (a > b or a is NaN) else b
-        take_a = b.or_(b.fcmp_ordered(">", s[0], s[1]), b.fcmp_unordered("uno", s[0], s[0]))
-        return b.select(take_a, s[0], s[1])
-    elif dt == dtypes.bool:
-      # bool arithmetic as numpy does it: + is or, * is and, - is xor, max is or
-      table = {BinaryOps.ADD: b.or_, BinaryOps.OR: b.or_, BinaryOps.MAX: b.or_, BinaryOps.MUL: b.and_,
-               BinaryOps.AND: b.and_, BinaryOps.SUB: b.xor, BinaryOps.XOR: b.xor}
-      if op in table: return table[op](s[0], s[1])
-      if op is UnaryOps.NEG: return b.xor(s[0], const(1, dt))
-      if op is UnaryOps.TRUNC: return s[0]
-    else:
-      table = {BinaryOps.ADD: b.add, BinaryOps.SUB: b.sub, BinaryOps.MUL: b.mul, BinaryOps.AND: b.and_,
-               BinaryOps.OR: b.or_, BinaryOps.XOR: b.xor}
-      if op in table: return table[op](s[0], s[1])
-      if op is UnaryOps.NEG: return b.neg(s[0])
-      if op is UnaryOps.TRUNC: return s[0]
-      if op in (BinaryOps.DIV, BinaryOps.MOD): return self.int_divmod(op, s[0], s[1], dt, u.srcs[1])
-      if op is UnaryOps.RECIP: return self.int_divmod(BinaryOps.DIV, const(1, dt), s[0], dt, u.srcs[0])
-      if op is BinaryOps.MAX:
-        gt = b.icmp_unsigned(">", s[0], s[1]) if dt.is_unsigned else b.icmp_signed(">", s[0], s[1])
-        return b.select(gt, s[0], s[1])
-    raise NotImplementedError(f"LLVM renderer has no rule for {op} on {dt.name}")
+    """The scalar ALU op `u` over the source values `s`: the first rule of RULES that applies, else the
+    op table's spelling for the result's dtype (an IRBuilder method or an intrinsic)."""
+    for applies, render in RULES:
+      if applies(u): return render(self, u, s)
+    spelling = OP_INFO[u.arg].llvm[u.dtype.category]
+    if spelling is None: raise NotImplementedError(f"LLVM renderer has no rule for {u.arg} on {u.dtype.name}")
+    if spelling.startswith("llvm."): return self.intrinsic(spelling, u.dtype, s)
+    return getattr(self.b, spelling)(*s)
+
+  def compare(self, u: UOp, s: list[ir.Value]) -> ir.Value:
+    relation, sdt = OP_INFO[u.arg].predicate, u.srcs[0].dtype
+    if sdt.is_float:
+      # != is unordered so NaN != NaN is true; < and == are ordered, like C
+      fcmp = self.b.fcmp_unordered if relation == "!=" else self.b.fcmp_ordered
+      return fcmp(relation, s[0], s[1])
+    return (self.b.icmp_unsigned if sdt.is_unsigned else self.b.icmp_signed)(relation, s[0], s[1])
+
+  def maximum(self, u: UOp, s: list[ir.Value]) -> ir.Value:
+    b = self.b
+    if u.dtype.is_float:
+      # NaN wins, as in numpy.maximum: a if (a > b or a is NaN) else b
+      take_a = b.or_(b.fcmp_ordered(">", s[0], s[1]), b.fcmp_unordered("uno", s[0], s[0]))
+      return b.select(take_a, s[0], s[1])
+    gt = b.icmp_unsigned(">", s[0], s[1]) if u.dtype.is_unsigned else b.icmp_signed(">", s[0], s[1])
+    return b.select(gt, s[0], s[1])
 
   def load(self, u: UOp, offset: int) -> ir.Value:
     """Element index+offset of the buffer (the lanes of a vector load are consecutive)."""
@@ -322,20 +300,49 @@ class LLVMRenderer:
   @staticmethod
   def simd_op(u: UOp) -> bool:
     """Whether ALU op u (a float SIMD value) is emitted as vector instructions."""
-    return u.arg in _SIMD_FLOAT_OPS or (u.dtype == dtypes.float32 and u.arg in _POLY_MATH)
+    return u.dtype in OP_INFO[u.arg].vector_dtypes or (u.dtype == dtypes.float32 and u.arg in _POLY_MATH)
 
   def simd_alu(self, u: UOp) -> None:
     self.width = u.vec
     srcs = [self.packed(x) for x in u.srcs]
-    b, op = self.b, u.arg
-    if op is UnaryOps.NEG: out = b.fneg(srcs[0])
-    elif op in _POLY_MATH: out = _POLY_MATH[op](b, srcs[0])
-    else: out = {BinaryOps.ADD: b.fadd, BinaryOps.SUB: b.fsub, BinaryOps.MUL: b.fmul, BinaryOps.DIV: b.fdiv}[op](srcs[0], srcs[1])
+    if u.arg in _POLY_MATH: out = _POLY_MATH[u.arg](self.b, srcs[0])
+    else: out = getattr(self.b, OP_INFO[u.arg].llvm[u.dtype.category])(*srcs)
     self.unpack(u, out)
 
   def vector(self, u: UOp, make) -> ir.Value | list[ir.Value]:
     """make(lane) for every lane of u: a list for a SIMD value, else the one scalar."""
     return [make(i) for i in range(u.vec)] if u.vec > 1 else make(0)
+
+  def load_value(self, u: UOp) -> None:
+    if _simd(u) and len(u.srcs) == 2: self.simd_load(u)
+    else: self.values[id(u)] = self.vector(u, lambda i: self.load(u, i))
+
+  def alu_value(self, u: UOp) -> None:
+    if _simd(u) and self.simd_op(u) and all(x.dtype == u.dtype for x in u.srcs): self.simd_alu(u)
+    else: self.values[id(u)] = self.vector(u, lambda i: self.alu(u, [self.lane(x, i) for x in u.srcs]))
+
+  def define_local(self, u: UOp) -> None:
+    with self.b.goto_block(self.entry):
+      self.b.position_at_start(self.entry)
+      # in the entry block with a constant count: a fixed slot in the frame, like a C array
+      self.values[id(u)] = self.b.alloca(mem_type(u.dtype), size=ir.Constant(ir.IntType(64), u.arg), name=f"local{u.num}")
+      self.values[id(u)].align = 64
+
+  def define_acc(self, u: UOp) -> None:
+    if _simd(u): return self.vector_accumulator(u)
+    # allocas go in the entry block so mem2reg/SROA can promote them
+    with self.b.goto_block(self.entry):
+      self.b.position_at_start(self.entry)
+      slots = [self.b.alloca(reg_type(u.dtype), name=f"acc{u.num}_{i}") for i in range(u.vec)]
+    self.values[id(u)] = slots
+    for slot in slots: self.b.store(const(u.arg, u.dtype), slot)
+
+  def assign(self, u: UOp) -> None:
+    if _simd(u.srcs[0]):
+      self.width = u.vec
+      self.b.store(self.packed(u.srcs[1]), self.values[id(u.srcs[0])])
+    else:
+      for i, slot in enumerate(self.values[id(u.srcs[0])]): self.b.store(self.lane(u.srcs[1], i), slot)
 
   def render(self) -> str:
     for arg, g in zip(self.fn.args, self.program.globals):
@@ -343,35 +350,8 @@ class LLVMRenderer:
       self.values[id(g)] = arg
     for u in self.program.uops:
       if u.op in (UOps.DEFINE_GLOBAL, UOps.CONST): continue
-      if u.op is UOps.RANGE: self.open_loop(u)
-      elif u.op is UOps.ENDRANGE: self.close_loop(u.srcs[0])
-      elif u.op is UOps.LOAD and _simd(u) and len(u.srcs) == 2: self.simd_load(u)
-      elif u.op is UOps.LOAD: self.values[id(u)] = self.vector(u, lambda i: self.load(u, i))
-      elif u.op is UOps.ALU and _simd(u) and self.simd_op(u) and all(x.dtype == u.dtype for x in u.srcs): self.simd_alu(u)
-      elif u.op is UOps.ALU: self.values[id(u)] = self.vector(u, lambda i: self.alu(u, [self.lane(x, i) for x in u.srcs]))
-      elif u.op is UOps.VECTORIZE: self.values[id(u)] = [self.ref(x) for x in u.srcs]
-      elif u.op is UOps.GEP: self.values[id(u)] = self.ref(u.srcs[0])[u.arg]
-      elif u.op is UOps.STORE: self.store(u)
-      elif u.op is UOps.DEFINE_LOCAL:
-        with self.b.goto_block(self.entry):
-          self.b.position_at_start(self.entry)
-          # in the entry block with a constant count: a fixed slot in the frame, like a C array
-          self.values[id(u)] = self.b.alloca(mem_type(u.dtype), size=ir.Constant(ir.IntType(64), u.arg), name=f"local{u.num}")
-          self.values[id(u)].align = 64
-      elif u.op is UOps.DEFINE_ACC and _simd(u): self.vector_accumulator(u)
-      elif u.op is UOps.DEFINE_ACC:
-        # allocas go in the entry block so mem2reg/SROA can promote them
-        with self.b.goto_block(self.entry):
-          self.b.position_at_start(self.entry)
-          slots = [self.b.alloca(reg_type(u.dtype), name=f"acc{u.num}_{i}") for i in range(u.vec)]
-        self.values[id(u)] = slots
-        for slot in slots: self.b.store(const(u.arg, u.dtype), slot)
-      elif u.op is UOps.ASSIGN and _simd(u.srcs[0]):
-        self.width = u.vec
-        self.b.store(self.packed(u.srcs[1]), self.values[id(u.srcs[0])])
-      elif u.op is UOps.ASSIGN:
-        for i, slot in enumerate(self.values[id(u.srcs[0])]): self.b.store(self.lane(u.srcs[1], i), slot)
-      else: raise NotImplementedError(f"LLVM renderer has no rule for {u.op}")
+      if u.op not in EMIT: raise NotImplementedError(f"LLVM renderer has no rule for {u.op}")
+      EMIT[u.op](self, u)
     if any(u.op is UOps.STORE and u.arg == "stream" for u in self.program.uops):
       # streaming stores are weakly ordered: drain them before the call returns
       fence = self.module.globals.get("llvm.x86.sse.sfence") or ir.Function(self.module, ir.FunctionType(ir.VoidType(), []), "llvm.x86.sse.sfence")
@@ -383,6 +363,37 @@ class LLVMRenderer:
     if self.program.contract:
       for op in ("fadd", "fmul"): text = text.replace(f" = {op} ", f" = {op} contract ")
     return text
+
+
+# how each kind of UOp is emitted
+EMIT = {UOps.RANGE: LLVMRenderer.open_loop, UOps.ENDRANGE: lambda r, u: r.close_loop(u.srcs[0]),
+        UOps.LOAD: LLVMRenderer.load_value, UOps.ALU: LLVMRenderer.alu_value, UOps.STORE: LLVMRenderer.store,
+        UOps.VECTORIZE: lambda r, u: r.values.__setitem__(id(u), [r.ref(x) for x in u.srcs]),
+        UOps.GEP: lambda r, u: r.values.__setitem__(id(u), r.ref(u.srcs[0])[u.arg]),
+        UOps.DEFINE_LOCAL: LLVMRenderer.define_local, UOps.DEFINE_ACC: LLVMRenderer.define_acc,
+        UOps.ASSIGN: LLVMRenderer.assign}
+
+
+def _int_recip(r: LLVMRenderer, u: UOp, s: list[ir.Value]) -> ir.Value:
+  return r.int_divmod(BinaryOps.DIV, const(1, u.dtype), s[0], u.dtype, u.srcs[0])
+
+
+# ALU rules: what the op table can't spell, as (applies(uop), render) pairs tried in order
+RULES = (
+  (lambda u: u.arg is UnaryOps.CAST, lambda r, u, s: r.cast(s[0], u.srcs[0].dtype, u.dtype)),
+  (lambda u: u.arg is UnaryOps.BITCAST, lambda r, u, s: r.b.bitcast(s[0], reg_type(u.dtype))),
+  (lambda u: u.arg in COMPARISONS, LLVMRenderer.compare),
+  # float32 exp2 and log2: the C renderer's polynomials, not libm calls
+  (lambda u: u.dtype == dtypes.float32 and u.arg in _POLY_MATH, lambda r, u, s: _POLY_MATH[u.arg](r.b, s[0])),
+  (lambda u: u.arg is UnaryOps.RECIP and u.dtype.is_float, lambda r, u, s: r.b.fdiv(const(1, u.dtype), s[0])),
+  (lambda u: u.arg is BinaryOps.MAX and u.dtype.category > 0, LLVMRenderer.maximum),
+  # integer division, remainder and reciprocal: C's, with numpy's answers for 0 and MIN / -1
+  (lambda u: u.arg in (BinaryOps.DIV, BinaryOps.MOD) and u.dtype.is_int,
+   lambda r, u, s: r.int_divmod(u.arg, s[0], s[1], u.dtype, u.srcs[1])),
+  (lambda u: u.arg is UnaryOps.RECIP and u.dtype.is_int, _int_recip),
+  (lambda u: u.arg is UnaryOps.NEG and u.dtype == dtypes.bool, lambda r, u, s: r.b.xor(s[0], const(1, u.dtype))),
+  (lambda u: u.arg is UnaryOps.TRUNC and not u.dtype.is_float, lambda r, u, s: s[0]),
+)
 
 
 def render_llvm(program: Program) -> str:

@@ -3,38 +3,14 @@
 in: a kernel tree and its Buffers  ->  out: the output buffer filled.
 Loads are zero-copy strided views where one view suffices (masks become zero padding); stacked
 views fall back to index arrays. This device is the oracle the compiled devices are tested against,
-so it follows C semantics exactly (truncating integer division, fmod remainder).
+so it follows C semantics exactly (truncating integer division, fmod remainder): each op's numpy
+implementation is in the op table (ops.OP_INFO), and CAST and BITCAST, which need the target dtype, are here.
 """
 from __future__ import annotations
 import numpy as np
-from tinychad.dtype import DType, dtypes
-from tinychad.ops import UnaryOps, BinaryOps, TernaryOps, ReduceOps, BufferOps, LoadOps, KernelNode
+from tinychad.dtype import dtypes
+from tinychad.ops import OP_INFO, UnaryOps, ReduceOps, BufferOps, LoadOps, KernelNode
 from tinychad.view import read_view
-
-
-def _trunc_div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-  if np.issubdtype(np.result_type(a, b), np.floating): return a / b
-  q = np.floor_divide(a, np.where(b == 0, 1, b))
-  fix = (np.remainder(a, np.where(b == 0, 1, b)) != 0) & ((a < 0) != (b < 0))
-  return np.where(b == 0, 0, q + fix)
-
-
-_ALU = {
-  UnaryOps.NEG: lambda x: np.logical_not(x) if x.dtype == np.bool_ else np.negative(x),
-  UnaryOps.EXP2: np.exp2, UnaryOps.LOG2: np.log2, UnaryOps.SIN: np.sin, UnaryOps.SQRT: np.sqrt,
-  UnaryOps.RECIP: lambda x: np.reciprocal(x), UnaryOps.TRUNC: np.trunc,
-  BinaryOps.ADD: np.add, BinaryOps.SUB: np.subtract, BinaryOps.MUL: np.multiply, BinaryOps.DIV: _trunc_div,
-  BinaryOps.MOD: lambda a, b: np.fmod(a, np.where(b == 0, 1, b)) if a.dtype.kind in "iu" else np.fmod(a, b),
-  BinaryOps.MAX: np.maximum, BinaryOps.CMPLT: np.less, BinaryOps.CMPEQ: np.equal, BinaryOps.CMPNE: np.not_equal,
-  BinaryOps.AND: np.bitwise_and, BinaryOps.OR: np.bitwise_or, BinaryOps.XOR: np.bitwise_xor,
-  TernaryOps.WHERE: np.where,
-}
-
-
-def _identity(op: ReduceOps, dtype: DType):
-  if op is ReduceOps.SUM: return 0
-  if dtype.is_float: return -np.inf
-  return False if dtype.name == "bool" else np.iinfo(dtype.np).min
 
 
 def evaluate(node: KernelNode, bufs: list[np.ndarray], cache: dict) -> np.ndarray:
@@ -55,15 +31,16 @@ def evaluate(node: KernelNode, bufs: list[np.ndarray], cache: dict) -> np.ndarra
   elif isinstance(op, ReduceOps):
     src = evaluate(node.srcs[0], bufs, cache)
     src = np.broadcast_to(src, node.arg[1])
-    reducer = np.sum if op is ReduceOps.SUM else np.max
-    out = reducer(src, axis=node.arg[0], keepdims=True, initial=_identity(op, node.dtype)).astype(node.dtype.np, copy=False)
+    info = OP_INFO[op]
+    out = info.numpy(src, axis=node.arg[0], keepdims=True, initial=info.identity(node.dtype))
+    out = out.astype(node.dtype.np, copy=False)
   elif op is UnaryOps.CAST:
     out = evaluate(node.srcs[0], bufs, cache).astype(node.dtype.np)
   elif op is UnaryOps.BITCAST:
     out = np.ascontiguousarray(evaluate(node.srcs[0], bufs, cache)).view(node.dtype.np)
   else:
     srcs = [evaluate(s, bufs, cache) for s in node.srcs]
-    out = np.asarray(_ALU[op](*srcs)).astype(node.dtype.np, copy=False)
+    out = np.asarray(OP_INFO[op].numpy(*srcs)).astype(node.dtype.np, copy=False)
   cache[id(node)] = out
   return out
 
