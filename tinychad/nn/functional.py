@@ -636,7 +636,8 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Ten
 # ---- PyTorch's functional names (torch.nn.functional) for the Tensor methods ----
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
   """PyTorch's linear: x @ weight.T + bias, weight (out_features, in_features) (Tensor.linear is tinygrad's (in, out))."""
-  return x.linear(weight.T if weight.ndim > 1 else weight, bias)
+  out = x.matmul(weight.T if weight.ndim > 1 else weight)   # a 1-d weight is a dot product, as torch's
+  return out + bias if bias is not None else out
 
 
 def dropout(x: Tensor, p: float = 0.5, training: bool = True) -> Tensor:
