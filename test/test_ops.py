@@ -723,7 +723,9 @@ def test_backward_scalar_and_gradient():
   (y * 3).backward(Tensor([1.0, 0.0, -2.0]))
   np.testing.assert_allclose(y.grad.numpy(), [3.0, 0.0, -6.0])
   assert y.grad.dtype == dtypes.float32 and not y.grad.requires_grad
-  with pytest.raises(RuntimeError): (y * 3).backward()
+  # a non-scalar output without a gradient is seeded with ones (issue 23, shrimpgrad's rule): y.grad adds 3s
+  (y * 3).backward()
+  np.testing.assert_allclose(y.grad.numpy(), [6.0, 3.0, -3.0])
 
 
 def test_backward_0d():

@@ -320,3 +320,115 @@ def attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None = None, 
   rows = weights.permute(0, 2, 1, 3).reshape(batch, length, heads, source, 1)
   values = v.expand(batch, heads, source, v.shape[-1]).reshape(batch, 1, heads, source, v.shape[-1])
   return (rows * values).sum(3).permute(0, 2, 1, 3), weights
+
+
+# ---- PyTorch's functional names (torch.nn.functional) for the Tensor methods ----
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+  """PyTorch's linear: x @ weight.T + bias, weight (out_features, in_features) (Tensor.linear is tinygrad's (in, out))."""
+  out = x.matmul(weight.T if weight.ndim > 1 else weight)   # a 1-d weight is a dot product, as torch's
+  return out + bias if bias is not None else out
+
+
+def dropout(x: Tensor, p: float = 0.5, training: bool = True) -> Tensor:
+  """PyTorch's F.dropout: drops unless training=False (pass self.training from a module's forward)."""
+  return x.dropout(p, training)
+
+
+def relu(x: Tensor) -> Tensor: return x.relu()
+def gelu(x: Tensor, approximate: str = "none") -> Tensor: return x.gelu(approximate)
+def silu(x: Tensor) -> Tensor: return x.silu()
+def softmax(x: Tensor, dim: int = -1, dtype=None) -> Tensor: return x.softmax(dim, dtype)
+def log_softmax(x: Tensor, dim: int = -1, dtype=None) -> Tensor: return x.log_softmax(dim, dtype)
+def one_hot(x: Tensor, num_classes: int = -1) -> Tensor: return x.one_hot(num_classes)
+def pad(x: Tensor, pad, mode: str = "constant", value: float = 0.0) -> Tensor: return x.pad(pad, mode, value)
+
+
+def layer_norm(x: Tensor, normalized_shape, weight: Tensor | None = None, bias: Tensor | None = None, eps: float = 1e-5) -> Tensor:
+  n = 1 if isinstance(normalized_shape, int) else len(normalized_shape)
+  out = x.layernorm(tuple(range(-n, 0)), eps)
+  if weight is not None: out = out * weight
+  return out + bias if bias is not None else out
+
+
+def embedding(idx: Tensor, weight: Tensor) -> Tensor:
+  if idx.dtype.is_float: raise TypeError(f"embedding: indices must be integers, got {idx.dtype}")
+  return weight[idx]
+
+
+def pixel_shuffle(x: Tensor, upscale_factor: int) -> Tensor:
+  """(..., C*r*r, H, W) -> (..., C, H*r, W*r), PyTorch's channel order."""
+  r = upscale_factor
+  if not isinstance(r, int) or r <= 0: raise ValueError(f"pixel_shuffle: upscale_factor must be a positive int, got {r!r}")
+  if x.ndim < 3 or x.shape[-3] % (r * r):
+    raise ValueError(f"pixel_shuffle: input {_shape_str(x.shape)} needs a channel dim (-3) divisible by {r * r}")
+  *lead, c, h, w = x.shape
+  x = x.reshape(*lead, c // (r * r), r, r, h, w)
+  n = len(lead)
+  x = x.permute(*range(n), n, n + 3, n + 1, n + 4, n + 2)
+  return x.reshape(*lead, c // (r * r), h * r, w * r)
+
+
+def _resize_matrix(size_in: int, size_out: int, mode: str, align_corners: bool | None, scale: float | None) -> np.ndarray:
+  """(size_in, size_out) weights: output j is sum_i x[i] * m[i, j], PyTorch's source-index rules. `scale` is
+  the user's scale_factor, which PyTorch uses (rather than size_in / size_out) when it was given."""
+  m = np.zeros((size_in, size_out), dtype=np.float64)
+  ratio = 1 / scale if scale else size_in / size_out
+  j = np.arange(size_out)
+  if mode == "nearest":
+    m[np.minimum(np.floor(j * ratio).astype(np.int64), size_in - 1), j] = 1
+    return m
+  if align_corners: src = j * ((size_in - 1) / (size_out - 1) if size_out > 1 else 0.0)
+  else: src = np.maximum((j + 0.5) * ratio - 0.5, 0)
+  lo = np.minimum(np.floor(src).astype(np.int64), size_in - 1)
+  hi = np.minimum(lo + 1, size_in - 1)
+  frac = src - lo
+  np.add.at(m, (lo, j), 1 - frac)
+  np.add.at(m, (hi, j), frac)
+  return m
+
+
+def interpolate(x: Tensor, size=None, scale_factor=None, mode: str = "nearest", align_corners: bool | None = None) -> Tensor:
+  """Resize the spatial dims (all dims after N, C): nearest, or linear / bilinear with align_corners either way.
+  Each dim is a matmul with a fixed weight matrix, so the gradient is the transposed matmul."""
+  n = x.ndim - 2
+  if n < 1: raise ValueError(f"interpolate: input {_shape_str(x.shape)} needs (N, C, *spatial) dims")
+  if mode not in ("nearest", "linear", "bilinear"): raise NotImplementedError(f"interpolate: mode {mode!r} is not supported")
+  if mode == "nearest" and align_corners is not None: raise ValueError("interpolate: align_corners only goes with linear modes")
+  if (size is None) == (scale_factor is None): raise ValueError("interpolate: give exactly one of size and scale_factor")
+  spatial = x.shape[2:]
+  scales = (None,) * n if scale_factor is None else _float_tuple(scale_factor, n)
+  sizes = _tuple(size, n, "size", "interpolate", positive=True) if size is not None else \
+    tuple(int(math.floor(s * f)) for s, f in zip(spatial, scales))
+  if any(s <= 0 for s in sizes) or any(s <= 0 for s in spatial):
+    raise ValueError(f"interpolate: input {_shape_str(x.shape)} to size {sizes}: every size must be positive")
+  out = x._float()
+  for d, (size_in, size_out, scale) in enumerate(zip(spatial, sizes, scales)):
+    m = Tensor(_resize_matrix(size_in, size_out, mode, align_corners, scale).astype(out.dtype.np), device=x.device, requires_grad=False)
+    axis = 2 + d
+    out = out.transpose(axis, -1).matmul(m).transpose(axis, -1)
+  return out
+
+
+def _float_tuple(value, n: int) -> tuple[float, ...]:
+  out = (float(value),) * n if isinstance(value, (int, float)) else tuple(float(v) for v in value)
+  if len(out) != n or any(v <= 0 for v in out): raise ValueError(f"interpolate: scale_factor must be {n} positive numbers, got {value}")
+  return out
+
+
+def adaptive_avg_pool2d(x: Tensor, output_size) -> Tensor:
+  """Output cell j of a dim of size i averages inputs floor(j*i/o) .. ceil((j+1)*i/o) - 1 (PyTorch's windows),
+  a matmul with a fixed averaging matrix per dim. None in output_size keeps that dim."""
+  if x.ndim not in (3, 4): raise ValueError(f"adaptive_avg_pool2d: expected a 3-d or 4-d input, got {_shape_str(x.shape)}")
+  sizes = (output_size,) * 2 if isinstance(output_size, int) or output_size is None else tuple(output_size)
+  if len(sizes) != 2: raise ValueError(f"adaptive_avg_pool2d: output_size must be an int or 2 ints, got {output_size}")
+  out = x._float()
+  for axis, size_out in zip((-2, -1), sizes):
+    size_in = x.shape[axis]
+    size_out = size_in if size_out is None else size_out
+    if size_out <= 0 or size_in <= 0: raise ValueError(f"adaptive_avg_pool2d: input {_shape_str(x.shape)} to output_size {output_size}")
+    m = np.zeros((size_in, size_out), dtype=np.float64)
+    for j in range(size_out):
+      lo, hi = (j * size_in) // size_out, -((-(j + 1) * size_in) // size_out)
+      m[lo:hi, j] = 1 / (hi - lo)
+    out = out.transpose(axis, -1).matmul(Tensor(m.astype(out.dtype.np), device=x.device, requires_grad=False)).transpose(axis, -1)
+  return out
