@@ -5,7 +5,8 @@ the IR at DEBUG>=3. A scatter-add (a gather's gradient) has a lowering of its ow
 BEAM=n (n >= 1) the kernel's lanes and loop order come from a timed search (search.py) rather than
 from the heuristic alone; without it the search module isn't even imported.
 """
-from tinychad.codegen.linearize import UOp, UOps, Program, linearize
+from tinychad.codegen.linearize import linearize
+from tinychad.codegen.uops import UOp, UOps, Program
 from tinychad.codegen.scatter import lower_scatter_add
 from tinychad.helpers import DEBUG, getenv
 from tinychad.ops import LoadOps

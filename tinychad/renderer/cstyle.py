@@ -23,7 +23,7 @@ import math
 import numpy as np
 from tinychad.dtype import DType, dtypes
 from tinychad.ops import UnaryOps, BinaryOps, TernaryOps, COMPARISONS
-from tinychad.codegen.linearize import Program, UOp, UOps
+from tinychad.codegen.uops import Program, UOp, UOps
 from tinychad.renderer.cmath import POLY_MATH, SCALAR_MAX, VECTOR_MATH, blend
 
 
