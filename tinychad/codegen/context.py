@@ -6,7 +6,8 @@ out: a Context: every field the passes read, declared in one place and set when 
      at a lane); and Place, the small immutable value each lowering call is given to say where it is:
      in which tail tile, in which phase (outside the reduce, inside its loop, in a row pass), and,
      outside the reduce loop, the reduce's results.
-The only state that changes while lowering is the program (Emitter) and the caches beside it.
+What changes while lowering is the program (the Emitter: UOps, CSE scopes, open loops), which values
+the reduce loop wrote to scratch rows (`row_written`, read back by the row pass) and a cache of leaf indices.
 """
 from __future__ import annotations
 from dataclasses import dataclass, field

@@ -63,6 +63,7 @@ def value(ctx: Context, node: KernelNode, lane: Lane, at: Place) -> UOp:
     if isinstance(n.op, ReduceOps):
       made[n] = at.acc[_outer(ctx, lane)]
       continue
+    # asked again: a gather lowers its row index at every vector lane, this one included
     key = ("value", n, lane, at.tail)
     uop = out.remembered(key)
     if uop is None:
