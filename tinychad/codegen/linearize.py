@@ -22,10 +22,10 @@ from dataclasses import replace
 from tinychad.dtype import DType, dtypes
 from tinychad.helpers import prod
 from tinychad.ops import Op, BinaryOps, ReduceOps, BufferOps, KernelNode
-from tinychad.codegen.analyze import Kernel, LeafAccess, all_invalid, analyze, key_of
+from tinychad.codegen.analyze import Kernel, all_invalid, analyze, key_of
 from tinychad.codegen.context import Context, Lane, Phase, Place, Tail
 from tinychad.codegen.emit import Emitter
-from tinychad.codegen.opt import STREAM_DTYPES, Opts, choose_opts, reduce_size, simd_bytes, stream_min_bytes
+from tinychad.codegen.opt import STREAM_DTYPES, LeafAccess, Opts, choose_opts, reduce_size, simd_bytes, stream_min_bytes
 from tinychad.codegen.reduce import lower_reduce
 from tinychad.codegen.rowcache import cached_nodes, row_elements
 from tinychad.codegen.staging import copy_panel, plan_stage
