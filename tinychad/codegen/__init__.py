@@ -5,8 +5,9 @@ printing the kernel tree and the IR at DEBUG>=3. A scatter-add (a gather's gradi
 of its own (scatter.py). `opts` are the lanes, tiles and loop order to use (BEAM search's winner,
 engine/search.py); without them, opt.py's heuristic chooses.
 """
-from tinychad.codegen.linearize import UOp, UOps, Program, linearize
+from tinychad.codegen.linearize import linearize
 from tinychad.codegen.opt import Opts
+from tinychad.codegen.uops import UOp, UOps, Program
 from tinychad.codegen.scatter import lower_scatter_add
 from tinychad.helpers import DEBUG
 from tinychad.ops import LoadOps

@@ -29,7 +29,7 @@ The heuristics, in order (every choice divides its axis, except a register tile'
   - staging (`stage`): the one load a register tile shares (stride 0 along every tile axis: B in a
     matmul) is copied, for each pass of the loops it moves along, into a contiguous scratch panel
     (reduce index x the vector axis's tile lanes) that the tile then reads instead: one stream,
-    every L1 set, instead of one row of B per page (codegen/linearize.py). Only where the panel
+    every L1 set, instead of one row of B per page (codegen/staging.py). Only where the panel
     fits STAGE_MAX_BYTES and the tile sweeps it at least STAGE_MIN_REUSE times; a bigger one is
     packed ahead of the kernel (codegen/pack.py decides, the scheduler copies);
   - loop order: with a register tile and a non-reduce vector axis, the vector axis's loop goes
@@ -42,7 +42,7 @@ The heuristics, in order (every choice divides its axis, except a register tile'
     outermost: moving it inward would stride through the activations).
   - row cache (`cache_rows`): a row reduce's second pass (engine/schedule.py) reads back the costly
     values its reduce loop computed (softmax's exp), from a scratch row, instead of computing them
-    again (codegen/linearize.py);
+    again (codegen/rowcache.py);
   - streaming stores (`stream`): a kernel whose output is bigger than the last-level cache writes its
     whole aligned SIMD vectors straight to memory (codegen/linearize.py, the renderers), instead of
     reading each cache line in first only to overwrite it and then evicting what the next kernel needs;
@@ -65,37 +65,30 @@ SCALAR_ONLY_OPS = {op for op, info in OP_INFO.items() if not info.simd}
 MIN_VECTOR_WIDTH = 4          # narrower vectors aren't worth their shuffles
 MIN_REDUCE_FOR_TILE = 16       # shorter reductions are not worth a register tile
 TILE_AMOUNTS = (8, 7, 6, 5, 4, 3, 2) # register-tile unroll per reuse axis, the first that fits wins
-# vector accumulators a tile may hold, unless it is TILE_ROWS x TILE_ROW_VECTORS. 12x32 (24 accumulators)
-# runs no faster than 8x32: its 12 rows of A, a power of two apart, share L1 sets. 6x64 is 7-10%
-# faster than 8x32 at 512-2048 on one core of this Xeon (C harness, packed B: 8x32 161-168 GFLOP/s,
-# 6x64 176-198), and 8x48 faster still (186), but 48 divides no power-of-two width
+# vector accumulators a tile may hold, unless it is TILE_ROWS x TILE_ROW_VECTORS: more rows of A, a
+# power of two apart, share L1 sets (measurements: bench/README.md, "Tuning notes: codegen")
 MAX_TILE_ACCUMULATORS = 16
 TILE_ROW_VECTORS = 4           # SIMD vectors along a non-reduce vector axis in a register tile
 TILE_ROWS = 6                  # its rows: 24 accumulators, the 4 row vectors and a broadcast fit 32 registers
 # where 4 vectors don't divide the vector axis (784 floats = 49 vectors, 800 = 50): row vectors -> rows,
-# the first count that divides it wins; each fills the registers as 6x4 does. A Linear layer's weight
-# gradient (1024 x 784, a reduce over 256): 8x1 vectors 2.9 -> 7x3 2.1 ms; a 5x5 convolution's input
-# gradient products (8192 x 64 @ 64 x 800): 8x2 3.3 -> 5x5 2.7 ms; 2 threads
+# the first count that divides it wins; each fills the registers as 6x4 does
 ODD_ROW_TILES = {5: 5, 3: 8, 7: 3}
 NARROW_ROW_VECTORS = 2         # the last resort: 8 rows of 2 vectors
 # a short reduce (attention's q@k^T over 64, weights@v over 128) runs its tile for few steps: a
-# shallower tile (4x64, as BEAM found) sweeps fewer rows of A per panel of B. Attention 1.6 -> 1.25 ms
+# shallower tile (4x64, as BEAM found) sweeps fewer rows of A per panel of B
 SHORT_REDUCE = 128
 REDUCE_ACCUMULATORS = 4        # vector partial sums of a reduce along the vector axis, without a tile
 # copies of the reduce loop's body per iteration (a hint to the C compiler): the loop's counter and
-# index arithmetic then cost a quarter as much per multiply-add. An 8x32 matmul tile 68% -> 74% of one
-# core's FMA peak (C harness); GPT forward -5% and softmax -7% time. 2 and 8 measured slower than 4
+# index arithmetic then cost a quarter as much per multiply-add; 2 and 8 measured slower than 4
 REDUCE_UNROLL = 4
 # a staged panel lives on the stack of the thread running the kernel: 8 MiB for the pool's workers
-# (runtime/threads.py) and, with the default ulimit, the main thread. 512 KiB holds a 2048 x 64 float
-# panel. Measured on 2 threads: a 512^3 matmul's kernel 0.82-0.93 -> 0.70-0.73 ms (C harness, the copy
-# included); eager 1024^3 (packed ahead before) 314-318 -> 328-350 GFLOP/s, 2048^3 338-370 -> 370-386
+# (runtime/threads.py) and, with the default ulimit, the main thread. 512 KiB holds a 2048 x 64 float panel
 STAGE_MAX_BYTES = 512 * 1024
 TRANSPOSE_LINE_BYTES = 64      # a cache line: what one step of a transposing copy reads (_transpose_opts)
-TRANSPOSE_MIN_POINTS = 1 << 18  # smaller transposing kernels keep plain loops (a 0.2 s compile to save < 30 us)
+TRANSPOSE_MIN_POINTS = 1 << 18  # smaller transposing kernels keep plain loops (the compile costs more than it saves)
 TRANSPOSE_BLOCK = 16           # at most this many elements of a line along the load's axis
-TRANSPOSE_STORE_LANES = 8      # elements along the store's axis per step: 16x8 copies unrolled compile in
-                               # ~0.19 s with gcc and run within 10% of 16x16, which take 0.4 s
+TRANSPOSE_STORE_LANES = 8      # elements along the store's axis per step: 16x8 compiles in half the time of
+                               # 16x16 and runs about as fast
 STAGE_MIN_REUSE = 4            # passes of the tile over a staged panel: fewer don't repay the copy
 # the search may try more than the heuristic does: which tile wins depends on the machine and the shape
 SEARCH_MAX_ACCUMULATORS = 32
@@ -124,14 +117,12 @@ class Opts:
   order: list[int] = field(default_factory=list)
   unroll: int = 1                    # copies of the innermost reduce loop's body per iteration
   stage: int | None = None           # the leaf (index into the leaves) copied into a scratch panel
-  cache_rows: bool = True            # a row pass reads the costly values its reduce computed (linearize.py)
+  cache_rows: bool = True            # a row pass reads the costly values its reduce computed (rowcache.py)
   stream: bool = True                # a big output is written with streaming stores (stream_min_bytes)
 
 
 # a kernel writes with streaming stores only an output at least this big (and at least the last-level
-# cache): a smaller one may still be in cache when the next kernel reads it. 16M floats, this AMD
-# EPYC VM (32 MiB L3), plain -> streaming stores: exp(relu(a*b+c)) 37 -> 42-44 GB/s on 2 threads, 20 ->
-# 26 on one; softmax 4096x4096 7.0-7.2 -> 6.1-6.5 ms on 2 threads, 12.3 -> 10.8 ms on one
+# cache): a smaller one may still be in cache when the next kernel reads it
 STREAM_MIN_BYTES = 8 << 20
 STREAM_DTYPES = NATIVE_VECTOR_DTYPES   # the renderers' streaming stores
 
@@ -212,7 +203,7 @@ def _panel_axes(dims: Dims, leaves: list[LeafAccess], tile: list[int], vec: int)
 def _batch_axes(leaves: list[LeafAccess], panel: list[int]) -> list[int]:
   """The panel axes along which every load inside the reduce moves: the batch of a batched matmul
   (attention's batch x heads), whose items share nothing. They go outermost, so each thread keeps
-  its own items' operands in its cache (q @ k^T in a GPT 0.67 -> 0.49 ms)."""
+  its own items' operands in its cache."""
   loads = [leaf for leaf in leaves if leaf.is_load and leaf.below_reduce]
   return [d for d in panel if all(leaf.strides[d] != 0 for leaf in loads)]
 
@@ -350,9 +341,9 @@ def _transpose_opts(dims: Dims, leaves: list[LeafAccess]) -> Opts | None:
   moves a block at a time: a cache line of elements along the load's axis (unrolled), times
   TRANSPOSE_STORE_LANES along the store's axis (unrolled too when they divide it; its loop is the
   innermost either way). Each step reads whole lines and writes half lines that the next step
-  completes, however far apart the rows are (1024x1024: 3.3 -> 0.43 ms on 2 threads)."""
+  completes, however far apart the rows are."""
   if any(r for _, r in dims) or any(None in leaf.strides for leaf in leaves): return None
-  # the unrolled block costs gcc ~0.2-0.4 s to compile: worth it only for a copy that takes a while
+  # the unrolled block is slow to compile: worth it only for a copy that takes a while
   if prod(size for size, _ in dims) < TRANSPOSE_MIN_POINTS: return None
   store = next(leaf for leaf in leaves if leaf.is_store)
   if 1 not in store.strides: return None

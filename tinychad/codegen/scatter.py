@@ -3,7 +3,7 @@
 in: a SCATTER_ADD kernel node (engine/schedule.py makes one per LoadOps.SCATTER_ADD base), arg =
     (table rows, source rows, row width, index dtype); buffers: the table (output), the source
     rows (count, width) and their indices (count,)
-out: a Program in linearize.py's IR:
+out: a Program in uops.py's IR:
   for column block c (split across threads):
     for r: table[r, c] = 0
     for i: if 0 <= indices[i] < rows: table[indices[i], c] += source[i, c]
@@ -16,8 +16,9 @@ from __future__ import annotations
 from typing import Any
 from tinychad.dtype import VECTOR_FLOATS, DType, dtypes
 from tinychad.ops import BinaryOps, KernelNode, TernaryOps, UnaryOps
-from tinychad.codegen.linearize import Program, UOp, UOps
-from tinychad.codegen.opt import simd_bytes
+from tinychad.codegen.uops import Program, UOp, UOps
+from tinychad.codegen.emit import row_inside
+from tinychad.host import simd_bytes
 
 
 class _Emitter:
@@ -59,9 +60,7 @@ def lower_scatter_add(node: KernelNode, name: str) -> Program:
 
   i = k.emit(UOps.RANGE, idx, (), ("ridx0", count, False, 1))
   picked = k.emit(UOps.LOAD, index_dtype, (indices, i))
-  # the bounds are checked in the index's own dtype, before a narrowing cast could wrap it inside
-  inside = k.alu(BinaryOps.AND, dtypes.bool, k.alu(BinaryOps.CMPLT, dtypes.bool, k.const(-1, index_dtype), picked),
-                 k.alu(BinaryOps.CMPLT, dtypes.bool, picked, k.const(rows, index_dtype)))
+  inside = row_inside(k.alu, k.const, picked, rows)
   # a row outside the table adds a gated-off 0 to row 0 instead: no branch around the store
   target = k.alu(TernaryOps.WHERE, index_dtype, inside, picked, k.const(0, index_dtype))
   if index_dtype != idx: target = k.alu(UnaryOps.CAST, idx, target)

@@ -25,7 +25,7 @@ import math
 import numpy as np
 from tinychad.dtype import NATIVE_VECTOR_DTYPES, DType, dtypes
 from tinychad.ops import OP_INFO, COMPARISONS, Op, UnaryOps, BinaryOps, TernaryOps
-from tinychad.codegen.linearize import Program, UOp, UOps
+from tinychad.codegen.uops import Program, UOp, UOps
 from tinychad.renderer.cmath import POLY_MATH, SCALAR_MAX, VECTOR_MATH, blend
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 from llvmlite import ir
 from tinychad.dtype import VECTOR_FLOATS, DType, dtypes
 from tinychad.ops import OP_INFO, COMPARISONS, UnaryOps, BinaryOps
-from tinychad.codegen.linearize import Program, UOp, UOps
+from tinychad.codegen.uops import Program, UOp, UOps
 
 _FLOATS = {dtypes.float16: ir.HalfType(), dtypes.float32: ir.FloatType(), dtypes.float64: ir.DoubleType()}
 

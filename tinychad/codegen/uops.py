@@ -1,0 +1,62 @@
+"""The linear IR every kernel is lowered to, and every renderer reads.
+
+in: nothing (the types only)
+out: UOps (the instruction kinds), UOp (one typed instruction with its sources) and Program (a kernel's
+     instructions in execution order, its arguments, and the facts a renderer needs about its loops).
+linearize.py and scatter.py make Programs; renderer/cstyle.py and renderer/llvmir.py write them out, so
+the C and the LLVM backends cannot disagree about what a kernel computes.
+"""
+from __future__ import annotations
+from dataclasses import dataclass, field
+from enum import Enum, auto
+from typing import Any
+from tinychad.dtype import DType
+
+
+class UOps(Enum):
+  DEFINE_GLOBAL = auto()  # a kernel argument: arg = (buffer number, writable)
+  DEFINE_LOCAL = auto()   # a scratch array of the thread running the call: arg = elements; 64-byte aligned
+  CONST = auto()          # a literal: arg = value; with vec > 1 the value in every lane
+  RANGE = auto()          # open a loop: arg = (variable name, extent, parallel, unroll); a parallel loop runs
+                          # [start, end); unroll > 1 asks the compiler to repeat the body that many times
+  ENDRANGE = auto()       # close the loop in srcs[0]
+  LOAD = auto()           # srcs = (buffer, index) or (buffer, index, gate); a false gate reads 0
+  ALU = auto()            # arg = the op (UnaryOps/BinaryOps/TernaryOps); CAST/BITCAST convert to dtype
+  DEFINE_ACC = auto()     # a reduce accumulator: arg = its initial value
+  ASSIGN = auto()         # srcs = (accumulator, value): the accumulator takes the value
+  STORE = auto()          # srcs = (buffer, index, value); arg "stream": a whole aligned SIMD vector that
+                          # goes straight to memory, not through the cache (opt.py's `stream`)
+  VECTORIZE = auto()      # srcs = one scalar per lane: the vector of them
+  GEP = auto()            # srcs = (vector,), arg = lane: that lane as a scalar
+
+
+@dataclass(eq=False)
+class UOp:
+  op: UOps
+  dtype: DType | None
+  srcs: tuple[UOp, ...] = ()
+  arg: Any = None
+  vec: int = 1                                   # lanes: > 1 is a SIMD value (loads/stores then touch vec consecutive elements)
+  num: int = field(default=-1, compare=False)   # position in the program, set when emitted
+
+
+@dataclass
+class Program:
+  name: str
+  uops: list[UOp]
+  globals: list[UOp]      # DEFINE_GLOBALs in argument order: output first, then inputs by number
+  parallel: int = 0       # extent of the loop threads may split (its [start, end) are the last two arguments); 0: none
+  contract: bool = False  # a float sum reordered into partial sums anyway: fused multiply-add is welcome
+
+  def pretty(self) -> str:
+    """One instruction per line: number, op, dtype, sources, argument."""
+    lines = [f"kernel {self.name}"]
+    depth = 0
+    for u in self.uops:
+      if u.op is UOps.ENDRANGE: depth -= 1
+      dtype = (u.dtype.name + (f"x{u.vec}" if u.vec > 1 else "")) if u.dtype is not None else ""
+      srcs = ",".join(str(s.num) for s in u.srcs)
+      arg = u.arg.name if isinstance(u.arg, Enum) else ("" if u.arg is None else u.arg)
+      lines.append(f"{u.num:4d} {'  ' * depth}{u.op.name:<13s} {dtype:<8s} ({srcs}) {arg}".rstrip())
+      if u.op is UOps.RANGE: depth += 1
+    return "\n".join(lines)
