@@ -300,7 +300,7 @@ def test_big_outputs_are_written_with_streaming_stores(case, threads, monkeypatc
   streaming store in C, a !nontemporal store in LLVM IR), each call ends with a store fence, and the
   results are the NUMPY device's, on one thread and on two."""
   import importlib
-  from tinychad.codegen.opt import simd_bytes
+  from tinychad.host import simd_bytes
   linearize_module = importlib.import_module("tinychad.codegen.linearize")    # the package's `linearize` is the function
   set_noopt("0")
   monkeypatch.setenv("THREADS", threads)

@@ -111,7 +111,7 @@ def test_streaming_stores_export(tmp_path, monkeypatch, set_noopt, flags):
   tinychad's numbers whether it is built for this CPU (the AVX store, buffers aligned for it) or not
   (plain stores)."""
   import importlib
-  from tinychad.codegen.opt import simd_bytes
+  from tinychad.host import simd_bytes
   set_noopt("0")    # NOOPT=1 streams nothing
   monkeypatch.setattr(importlib.import_module("tinychad.codegen.linearize"), "stream_min_bytes", lambda: 0)
   x = Tensor(np.random.default_rng(2).standard_normal((16, 64), dtype=np.float32))

@@ -214,7 +214,8 @@ def _matmul_opts(m: int, k: int, n: int):
 def test_register_tile_shapes(monkeypatch):
   """A long matmul's tile is 6 rows of 4 vectors, with a tail tile where 6 doesn't divide the rows;
   attention's q @ k^T (a reduce over 64) gets 4 rows of 4 vectors, and 2 vectors of lanes 8 rows."""
-  from tinychad.codegen.opt import NARROW_ROW_VECTORS, ODD_ROW_TILES, SHORT_REDUCE, TILE_ROW_VECTORS, TILE_ROWS, simd_bytes
+  from tinychad.codegen.opt import NARROW_ROW_VECTORS, ODD_ROW_TILES, SHORT_REDUCE, TILE_ROW_VECTORS, TILE_ROWS
+  from tinychad.host import simd_bytes
   monkeypatch.setenv("NOOPT", "0")
   lanes = simd_bytes() // 4
   # 5, 3 or 7 vectors of lanes (where 4 don't divide): 5x5, 8x3, 3x7, short reduce or not

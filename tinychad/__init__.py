@@ -30,5 +30,6 @@ from tinychad.device import Device
 from tinychad.helpers import GlobalCounters
 from tinychad.engine.jit import TinyJit
 from tinychad import compat  # noqa: F401 -- installs the seed's names (see compat.py)
+from tinychad.nn import optim  # noqa: F401 -- the seed's `tinychad.optim` (see compat.py)
 
 __all__ = ["Tensor", "no_grad", "dtypes", "DType", "Device", "GlobalCounters", "TinyJit"]

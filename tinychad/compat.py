@@ -15,7 +15,6 @@ vocabulary of tensor.py and nn/.
 from __future__ import annotations
 import sys
 import numpy as np
-import tinychad
 import tinychad.nn.optim as optim
 import tinychad.tensor as tensor_module
 from tinychad.nn import Linear
@@ -41,8 +40,8 @@ def NLLLoss(self: Tensor, target) -> Tensor:  # noqa: N802 -- the seed's name
 
 tensor_module.tensor = Tensor
 tensor_module.Linear = Linear
-# a module of another name: `import tinychad.optim` finds it in sys.modules, `tinychad.optim` as an attribute
-sys.modules["tinychad.optim"] = tinychad.optim = optim
+# a module of another name: `import tinychad.optim` finds it in sys.modules (tinychad/__init__.py binds the attribute)
+sys.modules["tinychad.optim"] = optim
 Tensor.exec = Tensor.realize
 Tensor.get_buffers = get_buffers
 Tensor.NLLLoss = NLLLoss

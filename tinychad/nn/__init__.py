@@ -9,6 +9,7 @@ More layers with PyTorch's names (activations, pooling, reshaping, transformer) 
 """
 from __future__ import annotations
 import math
+from collections.abc import Callable
 from typing import Any
 import numpy as np
 from tinychad.dtype import dtypes
@@ -379,4 +380,63 @@ class Sequential(Module, list):
 
 from tinychad.nn.layers import (AdaptiveAvgPool2d, AvgPool2d, ConvTranspose1d, Flatten, GELU, Identity, LeakyReLU,  # noqa: E402
                                 LogSoftmax, MaxPool2d, PixelShuffle, ReLU, Sigmoid, SiLU, Softmax, Tanh,
-                                TransformerEncoder, TransformerEncoderLayer, Unflatten, Upsample)
+                                Unflatten, Upsample)
+
+
+def _activation(activation: str | Callable) -> Callable[[Tensor], Tensor]:
+  if callable(activation): return activation
+  if activation == "relu": return Tensor.relu
+  if activation == "gelu": return Tensor.gelu
+  raise ValueError(f"TransformerEncoderLayer: activation must be 'relu', 'gelu' or a callable, got {activation!r}")
+
+
+class TransformerEncoderLayer(Module):
+  """PyTorch's: self-attention then a feed-forward block, each with dropout, a residual and a LayerNorm (after
+  each block, or before it with norm_first). Inputs (S, N, E), or (N, S, E) with batch_first."""
+  def __init__(self, d_model: int, nhead: int, dim_feedforward: int = 2048, dropout: float = 0.1, activation="relu",
+               layer_norm_eps: float = 1e-5, batch_first: bool = False, norm_first: bool = False, bias: bool = True):
+    self._args = dict(d_model=d_model, nhead=nhead, dim_feedforward=dim_feedforward, dropout=dropout, activation=activation,
+                      layer_norm_eps=layer_norm_eps, batch_first=batch_first, norm_first=norm_first, bias=bias)
+    self.self_attn = MultiheadAttention(d_model, nhead, dropout=dropout, bias=bias, batch_first=batch_first)
+    self.linear1, self.dropout, self.linear2 = Linear(d_model, dim_feedforward, bias), Dropout(dropout), Linear(dim_feedforward, d_model, bias)
+    self.norm_first = norm_first
+    self.norm1, self.norm2 = LayerNorm(d_model, layer_norm_eps, bias=bias), LayerNorm(d_model, layer_norm_eps, bias=bias)
+    self.dropout1, self.dropout2 = Dropout(dropout), Dropout(dropout)
+    self.activation = _activation(activation)
+
+  def _attend(self, x: Tensor, mask: Tensor | None, padding: Tensor | None, is_causal: bool) -> Tensor:
+    out = self.self_attn(x, x, x, attn_mask=mask, key_padding_mask=padding, need_weights=False, is_causal=is_causal)[0]
+    return self.dropout1(out)
+
+  def _feed_forward(self, x: Tensor) -> Tensor:
+    return self.dropout2(self.linear2(self.dropout(self.activation(self.linear1(x)))))
+
+  def forward(self, src: Tensor, src_mask: Tensor | None = None, src_key_padding_mask: Tensor | None = None,
+              is_causal: bool = False) -> Tensor:
+    x = src
+    if self.norm_first:
+      x = x + self._attend(self.norm1(x), src_mask, src_key_padding_mask, is_causal)
+      return x + self._feed_forward(self.norm2(x))
+    x = self.norm1(x + self._attend(x, src_mask, src_key_padding_mask, is_causal))
+    return self.norm2(x + self._feed_forward(x))
+
+
+class TransformerEncoder(Module):
+  """num_layers copies of encoder_layer (same initial weights, as PyTorch's deep copies), then an optional norm."""
+  def __init__(self, encoder_layer: TransformerEncoderLayer, num_layers: int, norm: Module | None = None):
+    if num_layers <= 0: raise ValueError(f"TransformerEncoder: num_layers must be positive, got {num_layers}")
+    self.layers = ModuleList(_copy_layer(encoder_layer) for _ in range(num_layers))
+    self.num_layers, self.norm = num_layers, norm
+
+  def forward(self, src: Tensor, mask: Tensor | None = None, src_key_padding_mask: Tensor | None = None,
+              is_causal: bool = False) -> Tensor:
+    x = src
+    for layer in self.layers: x = layer(x, mask, src_key_padding_mask, is_causal)
+    return self.norm(x) if self.norm is not None else x
+
+
+def _copy_layer(layer: TransformerEncoderLayer) -> TransformerEncoderLayer:
+  copy = TransformerEncoderLayer(**layer._args)
+  copy.load_state_dict({name: t.detach() for name, t in layer.state_dict().items()})
+  copy._training = layer._training
+  return copy

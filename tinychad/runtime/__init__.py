@@ -1,0 +1,2 @@
+"""Runtimes: a device is an allocator, a compiler (source -> binary, cached by cache.py) and a program loader
+(compiled.py), one file per device: ops_cpu (C), ops_llvm (LLVM IR), ops_numpy (the reference interpreter)."""
