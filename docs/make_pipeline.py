@@ -254,7 +254,7 @@ def normalize(text: str, work: pathlib.Path, ids: dict[str, str] | None = None) 
   so a buffer has one number in both graphs)."""
   text = text.replace(str(work / "graphs"), "$GRAPH_DIR").replace(str(work), "$WORK").replace(str(ROOT), "$REPO")
   # a timing's column width depends on its digits: the spaces before it go too
-  text = re.sub(r" *\b\d+(?:\.\d+)?( ?)(ns|us|µs|ms|s|GFLOP/s|GB/s)\b", r" <time>\1\2", text)
+  text = re.sub(r"([ (]) *\d+(?:\.\d+)?( ?)(ns|us|µs|ms|s|GFLOP/s|GB/s)\b", r"\1<time>\2\3", text)
   text = re.sub(r"0x[0-9a-fA-F]+", "0x<id>", text)
   ids = {} if ids is None else ids
   text = re.sub(r"\b([a-z])(\d{7,})\b", lambda m: m[1] + ids.setdefault(m[2], str(len(ids))), text)

@@ -275,8 +275,9 @@ class Tensor:
   def backward(self, gradient: Tensor | None = None) -> Tensor:
     """Accumulate d(self)/d(leaf) into each leaf's .grad whose requires_grad is not False.
 
-    requires_grad is tinygrad's tri-state: True (always gets a gradient), None (the default of Tensor(...): gets one
-    when this pass reaches it) or False (never: detach(), buffers, requires_grad=False, results made under no_grad()).
+    requires_grad is tinygrad's tri-state: True (always gets a gradient, accumulated across passes as in PyTorch),
+    None (the default of Tensor(...): gets this pass's gradient when the pass reaches it, replacing the last one, so
+    an input reused by every step of a training loop doesn't grow an ever longer sum of unused gradients) or False (never: detach(), buffers, requires_grad=False, results made under no_grad()).
     Without `gradient`, a non-scalar output is seeded with ones, i.e. backward() of self.sum(), as shrimpgrad and
     tinygrad's early versions did (PyTorch raises): `x.dot(y).backward()` then gives x and y the gradients of the sum
     of the product, the one reading of an unseeded backward that needs no choice from the user.
@@ -295,7 +296,7 @@ class Tensor:
       if node._ctx is None:
         if node.requires_grad is not False:
           new = Tensor(grad, requires_grad=False)
-          node.grad = new if node.grad is None else (node.grad + new)
+          node.grad = new if node.grad is None or node.requires_grad is None else (node.grad + new)
         continue
       parent_grads = node._ctx.backward(grad)
       if not isinstance(parent_grads, tuple): parent_grads = (parent_grads,)
