@@ -277,7 +277,8 @@ class Tensor:
 
     requires_grad is tinygrad's tri-state: True (always gets a gradient, accumulated across passes as in PyTorch),
     None (the default of Tensor(...): gets this pass's gradient when the pass reaches it, replacing the last one, so
-    an input reused by every step of a training loop doesn't grow an ever longer sum of unused gradients) or False (never: detach(), buffers, requires_grad=False, results made under no_grad()).
+    an input reused by every step of a training loop doesn't grow an ever longer sum of unused gradients) or False
+    (never: detach(), buffers, requires_grad=False, results made under no_grad()).
     Without `gradient`, a non-scalar output is seeded with ones, i.e. backward() of self.sum(), as shrimpgrad and
     tinygrad's early versions did (PyTorch raises): `x.dot(y).backward()` then gives x and y the gradients of the sum
     of the product, the one reading of an unseeded backward that needs no choice from the user.
