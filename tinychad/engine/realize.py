@@ -48,7 +48,7 @@ def capture() -> Iterator[list]:
 
 
 def realize(outs: list[LazyBuffer]) -> None:
-  """Schedule and run: the one entry point Tensor.realize and LazyBuffer.realize use."""
+  """Schedule and run: the one entry point (Tensor.realize, Tensor.numpy, TinyJit use it)."""
   # a view of a computed buffer is never copied, so already-computed outputs leave nothing to do
   # (TinyJit realizes its inputs on every call)
   if all(out.base.realized is not None for out in outs): return

@@ -20,7 +20,6 @@ import functools
 import hashlib
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any, Callable
 from tinychad.helpers import atomic_write, getenv
@@ -81,27 +80,23 @@ def _read_verified(path: Path, sum_path: Path) -> bytes | None:
   return data if hashlib.sha256(data).hexdigest() == expected else None
 
 
-def cached_bytes(key: str, suffix: str, build: Callable[[], bytes]) -> bytes:
-  """Compiled bytes for `key` from disk (`<key><suffix>`), else `build()`, then stored on disk.
-  No memory layer: the caller keeps what it loads from the bytes."""
-  directory = cache_dir()
-  if directory is not None:
-    path, sum_path = directory / f"{key}{suffix}", directory / f"{key}.sha256"
-    data = _read_verified(path, sum_path)
-    if data is not None:
-      CacheStats.disk_hits += 1
-      return data
-  data = build()
-  CacheStats.compiles += 1
-  if directory is not None: _write_verified(path, sum_path, data)
-  return data
-
-
 def stored_bytes(key: str, suffix: str) -> bytes | None:
   """`<key><suffix>` from disk if it is there and matches its checksum; never builds."""
   directory = cache_dir()
   data = _read_verified(directory / f"{key}{suffix}", directory / f"{key}.sha256") if directory is not None else None
   if data is not None: CacheStats.disk_hits += 1
+  return data
+
+
+def cached_bytes(key: str, suffix: str, build: Callable[[], bytes]) -> bytes:
+  """Compiled bytes for `key` from disk (`<key><suffix>`), else `build()`, then stored on disk.
+  No memory layer: the caller keeps what it loads from the bytes."""
+  data = stored_bytes(key, suffix)
+  if data is not None: return data
+  data = build()
+  CacheStats.compiles += 1
+  directory = cache_dir()
+  if directory is not None: _write_verified(directory / f"{key}{suffix}", directory / f"{key}.sha256", data)
   return data
 
 
