@@ -52,6 +52,12 @@ class Contiguous(Function):
   def backward(self, grad: LazyBuffer) -> LazyBuffer: return grad
 
 
+class Copy(Function):
+  """Tensor.clone: a copy kernel even where contiguous() would hand back the same buffer."""
+  def forward(self, x: LazyBuffer) -> LazyBuffer: return x._copy()
+  def backward(self, grad: LazyBuffer) -> LazyBuffer: return grad
+
+
 class Gather(Function):
   """table[indices]: the rows of table (rows, *row) that integer indices pick."""
   def forward(self, table: LazyBuffer, indices: LazyBuffer) -> LazyBuffer:

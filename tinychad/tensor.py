@@ -588,8 +588,25 @@ class Tensor:
   def log(self) -> Tensor: return F.Log.apply(self._float())
   def log2(self) -> Tensor: return self.log() / math.log(2)
   def log10(self) -> Tensor: return self.log() / math.log(10)
-  def log1p(self) -> Tensor: return (self._float() + 1).log()
-  def expm1(self) -> Tensor: return self.exp() - 1
+  def log1p(self) -> Tensor:
+    """log(u) + (x - (u - 1)) / u with u = 1 + x: the second term adds back what rounding 1 + x lost, so small x keep
+    their precision (log(1 + 1e-8) is 1e-8, not 0); its gradient is 1/u up to rounding."""
+    x = self._float()
+    u = x + 1
+    # the correction is 0/0 at u = 0 and inf - inf at u = inf: it is left out there (the log is exact), and reads
+    # safe values so that its gradient is no NaN either
+    ok = ((u > 0) & (u < math.inf)).detach()
+    return u.log() + ok.where(x - (u - 1), 0) / ok.where(u, 1)
+  def expm1(self) -> Tensor:
+    """exp(x) - 1, with |x| < 1/2 summed as its Taylor series (to x^9, error < 3e-9 relative) so small x keep their
+    precision; the series reads x clipped to +-1/2 so the branch not taken stays finite, gradient included."""
+    x = self._float()
+    small = x.clip(-0.5, 0.5)
+    series, term = small, small
+    for k in range(2, 10):
+      term = term * small * (1 / k)
+      series = series + term
+    return (x.abs() < 0.5).detach().where(series, x.exp() - 1)
   def sin(self) -> Tensor: return F.Sin.apply(self._float())
   def cos(self) -> Tensor: return ((math.pi / 2) - self._float()).sin()
   def tan(self) -> Tensor: return self.sin() / self.cos()
@@ -654,16 +671,25 @@ class Tensor:
       return 0.5 * self * (1 + (math.sqrt(2 / math.pi) * (self + 0.044715 * self * self * self)).tanh())
     return 0.5 * self * (1 + (self * (1 / math.sqrt(2))).erf())
   def erf(self) -> Tensor:
-    """erf(x) = x * P(x^2) / Q(x^2) on [-3.92, 3.92] (erf is 1 to float32 precision beyond): a
-    rational fit of our own (weighted least squares on 4000 points, max error 1.6e-8 in exact
-    arithmetic, 4e-7 in float32). No exp and one division, where the Abramowitz & Stegun 7.1.26 it
-    replaces had both, and small inputs keep their relative precision."""
-    x = self._float().clip(-ERF_CLIP, ERF_CLIP)
-    t = x * x
-    numerator, denominator = ERF_P[-1], ERF_Q[-1]
-    for p, q in zip(reversed(ERF_P[:-1]), reversed(ERF_Q[:-1])):
-      numerator, denominator = numerator * t + p, denominator * t + q
-    return (x * numerator / denominator).clip(-1.0, 1.0)
+    """erf to within 3e-13 (relative below |x| 1.5, absolute above), computed in float64 and rounded to the input's
+    dtype, so float32 results are erf correctly rounded (but for inputs within 3e-13 of a rounding boundary).
+    |x| < 1.5: x * A(x^2); 1.5 <= |x| < 6: 1 - exp(-x^2) * B(|x|), where erfc(x) * exp(x^2) is smooth; beyond, 1.
+    A and B are Chebyshev fits of math.erf (_erf_fits); each branch reads its input clipped to its own range, so the
+    branch not taken stays finite, gradient included."""
+    x = self._float()
+    wide = x.cast(dtypes.float64)
+    small_coeffs, big_coeffs = _erf_fits()
+    u = (wide * wide).clip(None, ERF_SPLIT ** 2) * (2 / ERF_SPLIT ** 2) - 1
+    series = small_coeffs[-1]
+    for c in reversed(small_coeffs[:-1]): series = series * u + c
+    small = wide * series
+    big_x = wide.abs().clip(ERF_SPLIT, ERF_END)
+    v = (big_x * 2 - (ERF_SPLIT + ERF_END)) * (1 / (ERF_END - ERF_SPLIT))
+    b1, b2 = 0.0, 0.0  # Clenshaw's recurrence: a degree 18 series in v, stable in float64 where powers of v aren't
+    for c in reversed(big_coeffs[1:]): b1, b2 = v * b1 * 2 - b2 + c, b1
+    big = 1 - (-(big_x * big_x)).exp() * (v * b1 - b2 + big_coeffs[0])
+    # NaN compares false, so it takes the small branch, which keeps it
+    return (wide.abs() >= ERF_SPLIT).detach().where(wide.sign() * big, small).cast(x.dtype)
   def clip(self, min_=None, max_=None) -> Tensor:
     """Bounds count as inside: the gradient passes on them, as in PyTorch (NaN stays NaN)."""
     if min_ is None and max_ is None: raise ValueError("clip: at least one of min and max must be given")
@@ -1063,12 +1089,12 @@ class Tensor:
   def conv_transpose2d(self, weight: Tensor, bias: Tensor | None = None, stride=1, padding=0, output_padding=0, groups: int = 1, dilation=1) -> Tensor:
     from tinychad.nn.functional import conv_transpose
     return conv_transpose(self, weight, bias, stride, padding, output_padding, groups, dilation, 2)
-  def max_pool2d(self, kernel_size=2, stride=None, padding=0, dilation=1) -> Tensor:
+  def max_pool2d(self, kernel_size=2, stride=None, padding=0, dilation=1, ceil_mode: bool = False, return_indices: bool = False):
     from tinychad.nn.functional import max_pool
-    return max_pool(self, kernel_size, stride, padding, dilation, 2)
-  def avg_pool2d(self, kernel_size=2, stride=None, padding=0, count_include_pad: bool = True) -> Tensor:
+    return max_pool(self, kernel_size, stride, padding, dilation, 2, ceil_mode, return_indices)
+  def avg_pool2d(self, kernel_size=2, stride=None, padding=0, count_include_pad: bool = True, ceil_mode: bool = False) -> Tensor:
     from tinychad.nn.functional import avg_pool
-    return avg_pool(self, kernel_size, stride, padding, count_include_pad, 2)
+    return avg_pool(self, kernel_size, stride, padding, count_include_pad, 2, ceil_mode)
 
   def dropout(self, p: float = 0.5, training: bool | None = None) -> Tensor:
     """Zero each element with probability p, scale the rest by 1/(1-p). training=None follows the global
@@ -1097,6 +1123,295 @@ class Tensor:
     from tinychad.nn.functional import scaled_dot_product_attention
     return scaled_dot_product_attention(self, key, value, attn_mask, dropout_p, is_causal, scale)
 
+  # ---- more of PyTorch's and tinygrad's ops (issue 23): compositions of the ops above ----
+  def clone(self) -> Tensor:
+    """A copy in a buffer of its own (a copy kernel), so that writes to self (assign, a TinyJit replay) leave it be."""
+    return F.Copy.apply(self)
+  def outer(self, other: Tensor) -> Tensor:
+    if self.ndim != 1 or other.ndim != 1:
+      raise ValueError(f"outer: expected two 1-d tensors, got {_shape_str(self.shape)} and {_shape_str(other.shape)}")
+    return self.reshape(-1, 1) * other.reshape(1, -1)
+  def logsigmoid(self) -> Tensor:
+    """min(x, 0) - log1p(exp(-|x|)): no overflow either way, and 1/2 the gradient at 0 from each term's split."""
+    x = self._float()
+    return x.minimum(0) - (-x.abs()).exp().log1p()
+  def softsign(self) -> Tensor: return self._float() / (1 + self._float().abs())
+  def atan(self) -> Tensor:
+    """|x| > 1 is reflected, atan(x) = sign(x) pi/2 - atan(1/x), then the argument halved twice (atan(t) =
+    2 atan(t / (1 + sqrt(1 + t^2)))) to |t| <= tan(pi/16) ~ 0.2, where its odd series to t^15 is within 3e-12.
+    1/x reads 1 where |x| <= 1, so the branch not taken has no infinite gradient at 0."""
+    x = self._float()
+    outside = (x.abs() > 1).detach()
+    t = outside.where(1 / outside.where(x, 1), x)
+    for _ in range(2): t = t / (1 + (1 + t * t).sqrt())
+    t2, series = t * t, 0.0
+    for k in range(15, 0, -2): series = series * t2 + (1 if k % 4 == 1 else -1) / k
+    inner = t * series * 4
+    return outside.where(x.sign() * (math.pi / 2) - inner, inner)
+  def asin(self) -> Tensor:
+    """atan(x / sqrt((1 - x)(1 + x))): the factored form keeps its precision near |x| = 1; |x| > 1 is NaN."""
+    x = self._float()
+    return (x / ((1 - x) * (1 + x)).sqrt()).atan()
+  def acos(self) -> Tensor:
+    """2 atan(sqrt((1 - x) / (1 + x))): accurate near x = 1, where pi/2 - asin(x) would cancel."""
+    x = self._float()
+    return ((1 - x) / (1 + x)).sqrt().atan() * 2
+  def atan2(self, other) -> Tensor:
+    """The angle of the point (other, self): atan(self / other), moved by +-pi when other < 0; +-pi/2 (0 at the
+    origin) when other is 0. The gradient is atan's there, 0 on the other == 0 line."""
+    y, x = self._broadcasted(other, "atan2")
+    y, x = y._float(), x._float()
+    zero = (x == 0).detach()
+    angle = (y / zero.where(1, x)).atan()
+    pi = (y < 0).detach().where(-math.pi, math.pi)
+    angle = (x < 0).detach().where(angle + pi, angle)
+    return zero.where(y.sign() * (math.pi / 2), angle)
+  def isnan(self) -> Tensor: return self != self
+  def isinf(self) -> Tensor:
+    return (self.abs() == math.inf) if self.dtype.is_float else Tensor.zeros(self.shape, dtype=dtypes.bool, device=self.device)
+  def isfinite(self) -> Tensor: return (self.isnan() | self.isinf()).logical_not()
+  def isposinf(self) -> Tensor: return self.isinf() & (self > 0)
+  def isneginf(self) -> Tensor: return self.isinf() & (self < 0)
+  def nan_to_num(self, nan: float = 0.0, posinf: float | None = None, neginf: float | None = None) -> Tensor:
+    """NaN -> nan, inf -> posinf, -inf -> neginf (defaults: the dtype's largest and lowest finite values)."""
+    if not self.dtype.is_float: return self
+    info = np.finfo(self.dtype.np)
+    x = self.isnan().where(nan, self)
+    x = self.isposinf().where(float(info.max) if posinf is None else posinf, x)
+    return self.isneginf().where(float(info.min) if neginf is None else neginf, x).cast(self.dtype)
+  def frac(self) -> Tensor: return self - self.trunc()
+  def deg2rad(self) -> Tensor: return self._float() * (math.pi / 180)
+  def rad2deg(self) -> Tensor: return self._float() * (180 / math.pi)
+  def logaddexp(self, other) -> Tensor:
+    a, b = self._broadcasted(other, "logaddexp")
+    a, b = a._float(), b._float()
+    top = a.maximum(b)
+    # both -inf: top is -inf and a - top NaN; the sum of nothing, -inf, is what is meant
+    both_neg_inf = ((a == -math.inf) & (b == -math.inf)).detach()
+    spread = both_neg_inf.where(0, (a - b).abs())
+    return top + (-spread).exp().log1p()
+  def hypot(self, other) -> Tensor:
+    a, b = self._broadcasted(other, "hypot")
+    return (a._float().square() + b._float().square()).sqrt()
+  def isclose(self, other, rtol: float = 1e-5, atol: float = 1e-8, equal_nan: bool = False) -> Tensor:
+    a, b = self._broadcasted(other, "isclose")
+    close = (a == b) | ((a - b).abs() <= atol + rtol * b.abs())
+    return (close | (a.isnan() & b.isnan())) if equal_nan else close
+  def allclose(self, other, rtol: float = 1e-5, atol: float = 1e-8, equal_nan: bool = False) -> bool:
+    return bool(self.isclose(other, rtol, atol, equal_nan).all().item())
+  def bitwise_and(self, other) -> Tensor: return self & other
+  def bitwise_or(self, other) -> Tensor: return self | other
+  def bitwise_xor(self, other) -> Tensor: return self ^ other
+  def bitwise_not(self) -> Tensor: return ~self
+  def lshift(self, bits: int) -> Tensor:
+    if self.dtype.is_float or bits < 0: raise TypeError(f"lshift: needs an integer tensor and bits >= 0, got {self.dtype} and {bits}")
+    return self * (1 << bits)
+  def rshift(self, bits: int) -> Tensor:
+    """Arithmetic shift: floor division by 2**bits, as >> on a signed integer."""
+    if self.dtype.is_float or bits < 0: raise TypeError(f"rshift: needs an integer tensor and bits >= 0, got {self.dtype} and {bits}")
+    return self // (1 << bits)
+  def __lshift__(self, bits: int) -> Tensor: return self.lshift(bits)
+  def __rshift__(self, bits: int) -> Tensor: return self.rshift(bits)
+
+  def roll(self, shifts, dims=None) -> Tensor:
+    """torch.roll: elements shifted along dims, wrapping around; with dims=None the flattened tensor is rolled."""
+    if dims is None: return self.flatten().roll(shifts, 0).reshape(self.shape)
+    shifts, dims = argfix(shifts), argfix(dims)
+    if len(shifts) != len(dims): raise ValueError(f"roll: {len(shifts)} shifts for {len(dims)} dims")
+    x = self
+    for shift, dim in zip(shifts, dims):
+      dim = x._axis(dim, "roll")
+      size = x.shape[dim] if x.ndim else 1
+      if size == 0 or shift % size == 0: continue
+      cut = size - shift % size
+      x = x._slice_dim(dim, cut, size).cat(x._slice_dim(dim, 0, cut), dim=dim)
+    return x
+  def repeat_interleave(self, repeats, dim: int | None = None) -> Tensor:
+    """Each element repeated `repeats` times along dim (the flattened tensor with dim=None); repeats is an int or one
+    count per element (a list or a tensor, read on the host: the output's size depends on them)."""
+    x = self.flatten() if dim is None else self
+    dim = 0 if dim is None else x._axis(dim, "repeat_interleave")
+    size = x.shape[dim] if x.ndim else 1
+    counts = np.asarray(repeats.numpy() if isinstance(repeats, Tensor) else repeats).reshape(-1)
+    if counts.dtype.kind not in "iu": raise TypeError(f"repeat_interleave: repeats must be integers, got {counts.dtype}")
+    if counts.size == 1: counts = np.full(size, counts[0])
+    if counts.size != size or (counts < 0).any():
+      raise ValueError(f"repeat_interleave: repeats {counts.tolist()} must be one count >= 0 per element of dim {dim} "
+                       f"(tensor of shape {_shape_str(self.shape)})")
+    if x.ndim == 0: x = x.reshape(1)
+    if counts.size and (counts == counts[0]).all():
+      moved = x.unsqueeze(dim + 1)
+      return moved.expand(moved.shape[:dim + 1] + (int(counts[0]),) + moved.shape[dim + 2:]).flatten(dim, dim + 1)
+    index = Tensor(np.repeat(np.arange(size), counts), device=x.device)
+    return x[(slice(None),) * dim + (index,)]
+  def unfold(self, dimension: int, size: int, step: int) -> Tensor:
+    """Tensor.unfold: every window of `size` elements along `dimension`, `step` apart, as a new last dim (a view)."""
+    if self.ndim == 0: return self.reshape(1).unfold(0, size, step).reshape(size)
+    dim = self._axis(dimension, "unfold")
+    if size <= 0 or step <= 0 or size > self.shape[dim]:
+      raise ValueError(f"unfold: size {size} and step {step} must be positive, size at most {self.shape[dim]} "
+                       f"(dim {dim} of shape {_shape_str(self.shape)})")
+    windows = F.pool_windows(self.transpose(dim, -1), (size,), (step,), (1,))
+    return windows.transpose(dim, -2)
+  def diagonal(self, offset: int = 0, dim1: int = 0, dim2: int = 1) -> Tensor:
+    """The diagonal of dims dim1, dim2 as the last dim (offset > 0: above the main diagonal)."""
+    d1, d2 = self._axis(dim1, "diagonal"), self._axis(dim2, "diagonal")
+    if d1 == d2: raise ValueError(f"diagonal: dim1 and dim2 are both {d1}")
+    x = self.permute([d for d in range(self.ndim) if d not in (d1, d2)] + [d1, d2])
+    rows, cols = x.shape[-2:]
+    start_r, start_c = max(-offset, 0), max(offset, 0)
+    n = max(0, min(rows - start_r, cols - start_c))
+    x = x[..., start_r:start_r + n, start_c:start_c + n]
+    if n == 0: return x.reshape(x.shape[:-2] + (0,))
+    lead = x.shape[:-2]
+    flat = x.reshape(lead + (n * n,)).pad(((0, 0),) * len(lead) + ((0, n),)).reshape(lead + (n, n + 1))
+    return flat[..., 0]
+  def diag(self, diagonal: int = 0) -> Tensor:
+    """A 1-d tensor -> the square matrix with it on the given diagonal; a 2-d tensor -> that diagonal."""
+    if self.ndim == 2: return self.diagonal(diagonal)
+    if self.ndim != 1: raise ValueError(f"diag: expected a 1-d or 2-d tensor, got shape {_shape_str(self.shape)}")
+    n, k = self.shape[0], abs(diagonal)
+    eye = Tensor.eye(n, dtype=dtypes.bool, device=self.device)
+    square = eye.where(self.unsqueeze(0), 0).cast(self.dtype)
+    return square.pad(((0, k), (k, 0)) if diagonal > 0 else ((k, 0), (0, k)))
+  def trace(self) -> Tensor:
+    if self.ndim != 2: raise ValueError(f"trace: expected a 2-d tensor, got shape {_shape_str(self.shape)}")
+    return self.diagonal().sum()
+  @staticmethod
+  def meshgrid(*tensors: Tensor, indexing: str = "ij") -> list[Tensor]:
+    """torch.meshgrid: one grid per 1-d tensor, each varying along its own dim ("xy": the first two dims swapped)."""
+    if len(tensors) == 1 and isinstance(tensors[0], (list, tuple)): tensors = tuple(tensors[0])
+    if indexing not in ("ij", "xy"): raise ValueError(f"meshgrid: indexing must be 'ij' or 'xy', got {indexing!r}")
+    if any(t.ndim > 1 for t in tensors): raise ValueError(f"meshgrid: expected 0-d or 1-d tensors, got {[_shape_str(t.shape) for t in tensors]}")
+    flat = [t.reshape(-1) for t in tensors]
+    shape = tuple(t.shape[0] for t in flat)
+    grids = [t.reshape(tuple(-1 if i == k else 1 for i in range(len(flat)))).expand(shape) for k, t in enumerate(flat)]
+    return [g.transpose(0, 1) for g in grids] if indexing == "xy" and len(grids) >= 2 else grids
+  def cummax(self, dim: int = 0) -> ValuesIndices:
+    """torch.cummax: the running maximum and the index of the last element equal to it (n x n terms per row); the
+    values are gathered at those indices, so each gets its element's gradient, as in PyTorch."""
+    return self._running_extreme(dim, "cummax", True)
+  def cummin(self, dim: int = 0) -> ValuesIndices: return self._running_extreme(dim, "cummin", False)
+  def _running_extreme(self, dim: int, op: str, largest: bool) -> ValuesIndices:
+    if self.ndim == 0: return ValuesIndices(self, Tensor.zeros((), dtype=dtypes.int64, device=self.device))
+    dim = self._axis(dim, op)
+    x = self.transpose(dim, -1)
+    pos = Tensor.arange(x.shape[-1], device=self.device)
+    earlier = pos.unsqueeze(1) >= pos.unsqueeze(0)   # [i, j]: j <= i
+    if self.dtype.is_float: fill = -math.inf if largest else math.inf
+    elif self.dtype == dtypes.bool: fill = not largest
+    else: fill = int(np.iinfo(self.dtype.np).min if largest else np.iinfo(self.dtype.np).max)
+    rows = earlier.where(x.unsqueeze(-2), fill).cast(self.dtype)
+    best = rows.max(-1) if largest else rows.min(-1)
+    index = (earlier & (x.unsqueeze(-2) == best.unsqueeze(-1))).where(pos, -1).max(-1).cast(dtypes.int64)
+    return ValuesIndices(x.gather(-1, index).transpose(dim, -1), index.transpose(dim, -1))
+  def cumprod(self, dim: int) -> Tensor:
+    """The running product: each output the product of the elements up to it (n x n terms per row)."""
+    dim = self._axis(dim, "cumprod")
+    if self.ndim == 0: return self
+    x = self.transpose(dim, -1)
+    pos = Tensor.arange(x.shape[-1], device=self.device)
+    earlier = pos.unsqueeze(1) >= pos.unsqueeze(0)
+    return earlier.where(x.unsqueeze(-2), 1).cast(self.dtype).prod(-1).transpose(dim, -1)
+  def logcumsumexp(self, dim: int) -> Tensor:
+    """log(cumsum(exp(x))): a logsumexp over each prefix (n x n terms per row), exact where early terms are tiny."""
+    dim = self._axis(dim, "logcumsumexp")
+    if self.ndim == 0: return self._float()
+    x = self._float().transpose(dim, -1)
+    pos = Tensor.arange(x.shape[-1], device=self.device)
+    earlier = pos.unsqueeze(1) >= pos.unsqueeze(0)
+    return earlier.where(x.unsqueeze(-2), -math.inf).logsumexp(-1).transpose(dim, -1)
+
+  # PyTorch's small conveniences
+  def t(self) -> Tensor:
+    if self.ndim > 2: raise ValueError(f"t: expects a tensor of at most 2 dims, got shape {_shape_str(self.shape)}")
+    return self.transpose(0, 1) if self.ndim == 2 else self
+  def swapaxes(self, axis0: int, axis1: int) -> Tensor: return self.transpose(axis0, axis1)
+  def movedim(self, source, destination) -> Tensor:
+    source, destination = self._axes(source, "movedim"), argfix(destination)
+    destination = tuple(self._axis(d, "movedim") for d in destination)
+    if len(source) != len(destination): raise ValueError(f"movedim: {len(source)} source dims for {len(destination)} destinations")
+    rest = iter(d for d in range(self.ndim) if d not in source)
+    placed = dict(zip(destination, source))
+    return self.permute(tuple(placed[i] if i in placed else next(rest) for i in range(self.ndim)))
+  moveaxis = movedim
+  def expand_as(self, other: Tensor) -> Tensor: return self.expand(other.shape)
+  def view_as(self, other: Tensor) -> Tensor: return self.reshape(other.shape)
+  def type_as(self, other: Tensor) -> Tensor: return self.cast(other.dtype)
+  def new_full(self, size, fill_value: Scalar, dtype=None) -> Tensor:
+    return Tensor.full(argfix(size), fill_value, dtype=dtype or self.dtype, device=self.device)
+  def new_zeros(self, *size, dtype=None) -> Tensor: return self.new_full(argfix(*size), 0, dtype)
+  def new_ones(self, *size, dtype=None) -> Tensor: return self.new_full(argfix(*size), 1, dtype)
+  def new_tensor(self, data, dtype=None) -> Tensor: return Tensor(data, device=self.device, dtype=dtype or self.dtype)
+  @property
+  def nbytes(self) -> int: return self.numel() * self.element_size()
+  def is_floating_point(self) -> bool: return self.dtype.is_float
+  def tile(self, *reps) -> Tensor:
+    reps = argfix(*reps)
+    return self.repeat((1,) * (self.ndim - len(reps)) + tuple(reps))
+  def narrow(self, dim: int, start: int, length: int) -> Tensor:
+    dim = self._axis(dim, "narrow")
+    size = self.shape[dim]
+    start = start + size if start < 0 else start
+    if not (0 <= start and length >= 0 and start + length <= size):
+      raise IndexError(f"narrow: start {start} and length {length} out of range for dim {dim} of shape {_shape_str(self.shape)}")
+    return self._slice_dim(dim, start, start + length)
+  def index_select(self, dim: int, index: Tensor) -> Tensor:
+    dim = self._axis(dim, "index_select")
+    if index.ndim > 1: raise ValueError(f"index_select: index must be 0-d or 1-d, got shape {_shape_str(index.shape)}")
+    return self[(slice(None),) * dim + (index.reshape(-1),)]
+  def _matrices(self, other: Tensor, ndim: int, op: str) -> None:
+    if self.ndim != ndim or other.ndim not in ((1,) if op == "mv" else (ndim,)):
+      raise ValueError(f"{op}: unexpected shapes {_shape_str(self.shape)} and {_shape_str(other.shape)}")
+  def mm(self, other: Tensor) -> Tensor:
+    self._matrices(other, 2, "mm")
+    return self @ other
+  def bmm(self, other: Tensor) -> Tensor:
+    self._matrices(other, 3, "bmm")
+    return self @ other
+  def mv(self, other: Tensor) -> Tensor:
+    self._matrices(other, 2, "mv")
+    return self @ other
+  def addmm(self, mat1: Tensor, mat2: Tensor, beta: float = 1, alpha: float = 1) -> Tensor:
+    return beta * self + alpha * mat1.mm(mat2)
+  def addcmul(self, tensor1: Tensor, tensor2: Tensor, value: float = 1) -> Tensor: return self + value * tensor1 * tensor2
+  def addcdiv(self, tensor1: Tensor, tensor2: Tensor, value: float = 1) -> Tensor: return self + value * tensor1 / tensor2
+  def norm(self, p=2, dim=None, keepdim: bool = False) -> Tensor:
+    """torch.norm / torch.linalg.vector_norm: p = 2 ("fro"), 1, inf, -inf, 0 or any other positive number."""
+    x = self._float().abs()
+    if p in (2, "fro"): return x.square().sum(dim, keepdim).sqrt()
+    if p == 1: return x.sum(dim, keepdim)
+    if p == math.inf: return x.max(dim, keepdim) if dim is None else x.amax(dim, keepdim)
+    if p == -math.inf: return x.min(dim, keepdim) if dim is None else x.amin(dim, keepdim)
+    if p == 0: return (x != 0).cast(x.dtype).sum(dim, keepdim)
+    if not isinstance(p, (int, float)) or p < 0: raise ValueError(f"norm: p must be a number >= 0, inf, -inf or 'fro', got {p!r}")
+    return x.pow(p).sum(dim, keepdim).pow(1 / p)
+  # in place, as PyTorch's trailing-underscore methods: the tensor takes the result (Tensor.assign)
+  def zero_(self) -> Tensor: return self.assign(self.zeros_like())
+  def fill_(self, value: Scalar) -> Tensor: return self.assign(self.full_like(value))
+  def copy_(self, src: Tensor) -> Tensor: return self.assign(src.cast(self.dtype).expand(self.shape))
+  def add_(self, other, alpha: float = 1) -> Tensor: return self.assign(self + (other if alpha == 1 else other * alpha))
+  def sub_(self, other, alpha: float = 1) -> Tensor: return self.assign(self - (other if alpha == 1 else other * alpha))
+  def mul_(self, other) -> Tensor: return self.assign(self * other)
+  def div_(self, other) -> Tensor: return self.assign(self / other)
+  def clamp_(self, min=None, max=None) -> Tensor: return self.assign(self.clip(min, max))
+  def masked_fill_(self, mask: Tensor, value) -> Tensor: return self.assign(self.masked_fill(mask, value))
+
+  # pooling with PyTorch's 1-d names and tinygrad's loss names (nn/functional.py)
+  def max_pool1d(self, kernel_size=2, stride=None, padding=0, dilation=1, ceil_mode: bool = False, return_indices: bool = False):
+    from tinychad.nn.functional import max_pool
+    return max_pool(self, kernel_size, stride, padding, dilation, 1, ceil_mode, return_indices)
+  def avg_pool1d(self, kernel_size=2, stride=None, padding=0, ceil_mode: bool = False, count_include_pad: bool = True) -> Tensor:
+    from tinychad.nn.functional import avg_pool
+    return avg_pool(self, kernel_size, stride, padding, count_include_pad, 1, ceil_mode)
+  def sparse_categorical_crossentropy(self, Y: Tensor, ignore_index: int = -1, label_smoothing: float = 0.0,
+                                      reduction: str = "mean") -> Tensor:
+    from tinychad.nn.functional import sparse_categorical_crossentropy
+    return sparse_categorical_crossentropy(self, Y, ignore_index, label_smoothing, reduction)
+  def binary_crossentropy(self, Y: Tensor, reduction: str = "mean") -> Tensor: return self.binary_cross_entropy(Y, reduction)
+  def binary_crossentropy_logits(self, Y: Tensor, reduction: str = "mean", pos_weight: Tensor | None = None) -> Tensor:
+    return self.binary_cross_entropy_with_logits(Y, reduction, pos_weight)
+
   # ---- losses ----
   def cross_entropy(self, target: Tensor, reduction: str = "mean", label_smoothing: float = 0.0, ignore_index: int = -100) -> Tensor:
     from tinychad.nn.functional import cross_entropy
@@ -1120,12 +1435,21 @@ class Tensor:
     return x
 
 
-# erf's rational approximation (Tensor.erf): coefficients of t^0.. t^5 in P and Q, t = x^2
-ERF_CLIP = 3.92
-ERF_P = (float.fromhex("0x1.20dd72p+0"), float.fromhex("0x1.8abd96p-3"), float.fromhex("0x1.b2a688p-5"),
-         float.fromhex("0x1.faebacp-9"), float.fromhex("0x1.2d6d14p-12"), float.fromhex("0x1.111ebcp-19"))
-ERF_Q = (1.0, float.fromhex("0x1.021f8ep-1"), float.fromhex("0x1.d75a7ep-4"),
-         float.fromhex("0x1.f11c7ep-7"), float.fromhex("0x1.3767c2p-10"), float.fromhex("0x1.3f5deep-15"))
+# Tensor.erf's two ranges and their fits
+ERF_SPLIT, ERF_END = 1.5, 6.0   # erfc(6) is 2e-17: erf is 1 in float64 beyond
+
+
+@functools.cache
+def _erf_fits() -> tuple[tuple[float, ...], tuple[float, ...]]:
+  """Chebyshev fits of math.erf on 2000 Chebyshev nodes (float64): erf(x)/x as a degree 12 power series in
+  u = 2 x^2 / ERF_SPLIT^2 - 1 (its coefficients stay below 1, so Horner's rule is stable), and erfc(x) exp(x^2)
+  on [ERF_SPLIT, ERF_END] as degree 18 Chebyshev coefficients (for Clenshaw's recurrence). Max errors 3e-13 and 1e-13."""
+  nodes = np.cos(np.pi * (np.arange(2000) + 0.5) / 2000)
+  t = (nodes + 1) * ERF_SPLIT ** 2 / 2 + 1e-12
+  small = np.polynomial.chebyshev.cheb2poly(np.polynomial.chebyshev.chebfit(nodes, [math.erf(math.sqrt(v)) / math.sqrt(v) for v in t], 12))
+  x = (nodes + 1) * (ERF_END - ERF_SPLIT) / 2 + ERF_SPLIT
+  big = np.polynomial.chebyshev.chebfit(nodes, [math.erfc(v) * math.exp(v * v) for v in x], 18)
+  return tuple(float(c) for c in small), tuple(float(c) for c in big)
 
 
 # ---- module-level helpers ----

@@ -115,9 +115,11 @@ def _pool(x: Tensor, kernel: tuple[int, ...], stride: tuple[int, ...], dilation:
   return reduce(x, tuple(len(lead) + 2 * i + 1 for i in range(n))).contiguous()
 
 
-def _pool_arguments(x: Tensor, kernel_size, stride, padding, dilation, n: int, op: str):
+def _pool_arguments(x: Tensor, kernel_size, stride, padding, dilation, n: int, op: str, ceil_mode: bool = False):
   """A pooling's arguments checked against x and spelled out: kernel, stride and dilation as n-tuples
-  (stride defaults to the kernel, as in PyTorch), and (before, after) pad pairs for every dim of x."""
+  (stride defaults to the kernel, as in PyTorch), and (before, after) pad pairs for every dim of x. ceil_mode
+  (PyTorch's) adds the padding after each dim that makes room for one more, partial, window where the input
+  leaves one: `extra`, per spatial dim, is that padding alone (pooling must not count it as input)."""
   if x.ndim < n + 1: raise ValueError(f"{op}: input of shape {_shape_str(x.shape)} needs at least {n + 1} dims")
   kernel = _tuple(kernel_size, n, "kernel_size", op, positive=True)
   stride = kernel if stride is None else _tuple(stride, n, "stride", op, positive=True)
@@ -125,21 +127,70 @@ def _pool_arguments(x: Tensor, kernel_size, stride, padding, dilation, n: int, o
   pads = _padding_pairs(padding, kernel, dilation, n, op)
   _check_pool_padding(pads, kernel, dilation, op)
   _check_windows(x.shape, pads, kernel, dilation, op)
-  return kernel, stride, dilation, ((0, 0),) * (x.ndim - n) + pads
+  extra = [0] * n
+  if ceil_mode:
+    for i, (size, (before, after), k, s, d) in enumerate(zip(x.shape[-n:], pads, kernel, stride, dilation)):
+      span = size + before + after - d * (k - 1) - 1
+      outs = -(-span // s) + 1
+      # PyTorch's rule: the last window must start inside the input or the padding before it
+      if (outs - 1) * s >= size + before: outs -= 1
+      extra[i] = max(0, (outs - 1) * s + d * (k - 1) + 1 - (size + before + after))
+    pads = tuple((before, after + e) for (before, after), e in zip(pads, extra))
+  return kernel, stride, dilation, ((0, 0),) * (x.ndim - n) + pads, extra
 
 
-def max_pool(x: Tensor, kernel_size, stride, padding, dilation, n: int) -> Tensor:
-  kernel, stride, dilation, pads = _pool_arguments(x, kernel_size, stride, padding, dilation, n, f"max_pool{n}d")
+def max_pool(x: Tensor, kernel_size, stride, padding, dilation, n: int, ceil_mode: bool = False, return_indices: bool = False):
+  """The max of each window; return_indices also gives, as PyTorch does, the flat index (into each input's spatial
+  dims) of the first element holding each maximum."""
+  op = f"max_pool{n}d"
+  kernel, stride, dilation, pads, _ = _pool_arguments(x, kernel_size, stride, padding, dilation, n, op, ceil_mode)
   fill = -math.inf if x.dtype.is_float else int(-2 ** (8 * x.dtype.itemsize - 1))
-  return _pool(x.pad(pads, value=fill), kernel, stride, dilation, Tensor.max)
+  out = _pool(x.pad(pads, value=fill), kernel, stride, dilation, Tensor.max)
+  if not return_indices: return out
+  spatial = x.shape[-n:]
+  windows = pool_windows(x.pad(pads, value=fill), kernel, stride, dilation)
+  windows = windows.reshape(windows.shape[:-n] + (-1,))
+  flat = Tensor.arange(math.prod(spatial), device=x.device).reshape(spatial).pad(pads[-n:], value=-1)
+  flat = pool_windows(flat, kernel, stride, dilation)
+  flat = flat.reshape(flat.shape[:-n] + (-1,))
+  first = windows.detach().argmax(-1, keepdim=True)
+  indices = flat.reshape((1,) * (windows.ndim - flat.ndim) + flat.shape).expand(windows.shape).gather(-1, first).squeeze(-1)
+  return out, indices
 
 
-def avg_pool(x: Tensor, kernel_size, stride, padding, count_include_pad: bool, n: int) -> Tensor:
-  kernel, stride, dilation, pads = _pool_arguments(x, kernel_size, stride, padding, 1, n, f"avg_pool{n}d")
+def avg_pool(x: Tensor, kernel_size, stride, padding, count_include_pad: bool, n: int, ceil_mode: bool = False) -> Tensor:
+  """The mean of each window. Its divisor counts the padding (count_include_pad) or not, never ceil_mode's extra."""
+  kernel, stride, dilation, pads, extra = _pool_arguments(x, kernel_size, stride, padding, 1, n, f"avg_pool{n}d", ceil_mode)
   total = _pool(x.pad(pads), kernel, stride, dilation, Tensor.sum)
-  if count_include_pad: return total / math.prod(kernel)
-  counts = _pool(Tensor.ones(x.shape[-n:], device=x.device).pad(pads[-n:]), kernel, stride, dilation, Tensor.sum)
+  if count_include_pad and not any(extra): return total / math.prod(kernel)
+  counted = Tensor.ones(x.shape[-n:], device=x.device)
+  if count_include_pad: counted = counted.pad(tuple((b, a - e) for (b, a), e in zip(pads[-n:], extra)), value=1.0)
+  inner = tuple((0, e) for e in extra) if count_include_pad else pads[-n:]
+  counts = _pool(counted.pad(inner), kernel, stride, dilation, Tensor.sum)
   return total / counts
+
+
+def max_pool1d(x: Tensor, kernel_size, stride=None, padding=0, dilation=1, ceil_mode: bool = False, return_indices: bool = False):
+  return max_pool(x, kernel_size, stride, padding, dilation, 1, ceil_mode, return_indices)
+def max_pool2d(x: Tensor, kernel_size, stride=None, padding=0, dilation=1, ceil_mode: bool = False, return_indices: bool = False):
+  return max_pool(x, kernel_size, stride, padding, dilation, 2, ceil_mode, return_indices)
+def avg_pool1d(x: Tensor, kernel_size, stride=None, padding=0, ceil_mode: bool = False, count_include_pad: bool = True) -> Tensor:
+  return avg_pool(x, kernel_size, stride, padding, count_include_pad, 1, ceil_mode)
+def avg_pool2d(x: Tensor, kernel_size, stride=None, padding=0, ceil_mode: bool = False, count_include_pad: bool = True) -> Tensor:
+  return avg_pool(x, kernel_size, stride, padding, count_include_pad, 2, ceil_mode)
+
+
+def unfold(x: Tensor, kernel_size, dilation=1, padding=0, stride=1) -> Tensor:
+  """PyTorch's F.unfold (im2col): (N, C, H, W) -> (N, C * kh * kw, L), each column one window, L windows."""
+  if x.ndim not in (3, 4): raise ValueError(f"unfold: expected a 3-d or 4-d input, got shape {_shape_str(x.shape)} ({x.dtype})")
+  if x.ndim == 3: return unfold(x.unsqueeze(0), kernel_size, dilation, padding, stride).squeeze(0)
+  kernel = _tuple(kernel_size, 2, "kernel_size", "unfold", positive=True)
+  dilation, stride = _tuple(dilation, 2, "dilation", "unfold", positive=True), _tuple(stride, 2, "stride", "unfold", positive=True)
+  pads = tuple((p, p) for p in _tuple(padding, 2, "padding", "unfold"))
+  _check_windows(x.shape, pads, kernel, dilation, "unfold")
+  windows = pool_windows(x.pad(((0, 0), (0, 0)) + pads), kernel, stride, dilation)   # (N, C, oh, ow, kh, kw)
+  n, c, oh, ow = windows.shape[:4]
+  return windows.permute(0, 1, 4, 5, 2, 3).reshape(n, c * kernel[0] * kernel[1], oh * ow)
 
 
 def _diagonal(t: Tensor, dim0: int, dim1: int) -> Tensor:
@@ -278,6 +329,41 @@ def binary_cross_entropy_with_logits(x: Tensor, target: Tensor, reduction: str =
   return _reduce((1 - target) * x + weight * softplus_neg, reduction, "binary_cross_entropy_with_logits")
 
 
+def sparse_categorical_crossentropy(x: Tensor, Y: Tensor, ignore_index: int = -1, label_smoothing: float = 0.0,
+                                    reduction: str = "mean") -> Tensor:
+  """tinygrad's name and arguments: the classes on the last dim of x, Y one class index per row; the labels equal to
+  ignore_index (any int, -1 too) add nothing and are not counted by the mean. cross_entropy with PyTorch's layout."""
+  if not isinstance(Y, Tensor): Y = Tensor(Y)
+  if x.ndim == 0: raise ValueError(f"sparse_categorical_crossentropy: input needs a class dim, got shape {_shape_str(x.shape)}")
+  if Y.shape != x.shape[:-1]:
+    raise ValueError(f"sparse_categorical_crossentropy: labels of shape {_shape_str(Y.shape)} for input {_shape_str(x.shape)} "
+                     f"(expected {_shape_str(x.shape[:-1])})")
+  logits = x if x.ndim <= 2 else x.movedim(-1, 1)
+  return cross_entropy(logits, Y, reduction, label_smoothing, ignore_index)
+
+
+def l1_loss(x: Tensor, target: Tensor, reduction: str = "mean") -> Tensor: return _reduce((x - target).abs(), reduction, "l1_loss")
+
+
+def smooth_l1_loss(x: Tensor, target: Tensor, reduction: str = "mean", beta: float = 1.0) -> Tensor:
+  diff = (x - target).abs()
+  if beta == 0: return _reduce(diff, reduction, "smooth_l1_loss")
+  return _reduce((diff < beta).where(0.5 * diff.square() / beta, diff - 0.5 * beta), reduction, "smooth_l1_loss")
+
+
+def huber_loss(x: Tensor, target: Tensor, reduction: str = "mean", delta: float = 1.0) -> Tensor:
+  diff = (x - target).abs()
+  return _reduce((diff < delta).where(0.5 * diff.square(), delta * (diff - 0.5 * delta)), reduction, "huber_loss")
+
+
+def kl_div(x: Tensor, target: Tensor, reduction: str = "mean", log_target: bool = False) -> Tensor:
+  """PyTorch's: x holds log-probabilities; target probabilities (log-probabilities with log_target)."""
+  if log_target: loss = target.exp() * (target - x)
+  else: loss = (target > 0).where(target * (target.maximum(1e-45).log() - x), 0)
+  if reduction == "batchmean": return loss.sum() / (x.shape[0] if x.ndim else 1)
+  return _reduce(loss, reduction, "kl_div")
+
+
 def mse_loss(x: Tensor, target: Tensor, reduction: str = "mean") -> Tensor:
   """Input and target broadcast against each other, as in PyTorch."""
   return _reduce((x - target).square(), reduction, "mse_loss")
@@ -341,6 +427,34 @@ def softmax(x: Tensor, dim: int = -1, dtype=None) -> Tensor: return x.softmax(di
 def log_softmax(x: Tensor, dim: int = -1, dtype=None) -> Tensor: return x.log_softmax(dim, dtype)
 def one_hot(x: Tensor, num_classes: int = -1) -> Tensor: return x.one_hot(num_classes)
 def pad(x: Tensor, pad, mode: str = "constant", value: float = 0.0) -> Tensor: return x.pad(pad, mode, value)
+def sigmoid(x: Tensor) -> Tensor: return x.sigmoid()
+def tanh(x: Tensor) -> Tensor: return x.tanh()
+def relu6(x: Tensor) -> Tensor: return x.relu6()
+def leaky_relu(x: Tensor, negative_slope: float = 0.01) -> Tensor: return x.leaky_relu(negative_slope)
+def elu(x: Tensor, alpha: float = 1.0) -> Tensor: return x.elu(alpha)
+def selu(x: Tensor) -> Tensor: return x.selu()
+def celu(x: Tensor, alpha: float = 1.0) -> Tensor: return x.celu(alpha)
+def softplus(x: Tensor, beta: float = 1.0, threshold: float = 20.0) -> Tensor: return x.softplus(beta, threshold)
+def mish(x: Tensor) -> Tensor: return x.mish()
+def hardswish(x: Tensor) -> Tensor: return x.hardswish()
+def hardsigmoid(x: Tensor) -> Tensor: return x.hardsigmoid()
+def hardtanh(x: Tensor, min_val: float = -1.0, max_val: float = 1.0) -> Tensor: return x.hardtanh(min_val, max_val)
+def logsigmoid(x: Tensor) -> Tensor: return x.logsigmoid()
+def softsign(x: Tensor) -> Tensor: return x.softsign()
+def tanhshrink(x: Tensor) -> Tensor: return x - x.tanh()
+def softmin(x: Tensor, dim: int = -1, dtype=None) -> Tensor: return (-x).softmax(dim, dtype)
+def glu(x: Tensor, dim: int = -1) -> Tensor:
+  """The first half of dim gated by the sigmoid of the second."""
+  a, b = x.chunk(2, dim)
+  if a.shape != b.shape: raise ValueError(f"glu: dim {dim} of shape {_shape_str(x.shape)} must have an even size")
+  return a * b.sigmoid()
+def normalize(x: Tensor, p: float = 2.0, dim: int = 1, eps: float = 1e-12) -> Tensor:
+  """x divided by its p-norm along dim (at least eps)."""
+  return x / x.norm(p, dim, keepdim=True).maximum(eps)
+def cosine_similarity(x1: Tensor, x2: Tensor, dim: int = 1, eps: float = 1e-8) -> Tensor:
+  """PyTorch's: sum(x1 * x2) / sqrt(max(|x1|^2 |x2|^2, eps^2)) along dim."""
+  dot = (x1 * x2).sum(dim)
+  return dot / (x1.square().sum(dim) * x2.square().sum(dim)).maximum(eps * eps).sqrt()
 
 
 def layer_norm(x: Tensor, normalized_shape, weight: Tensor | None = None, bias: Tensor | None = None, eps: float = 1e-5) -> Tensor:
