@@ -52,7 +52,7 @@ class Contiguous(Function):
   def backward(self, grad: LazyBuffer) -> LazyBuffer: return grad
 
 
-class Copy(Function):
+class Clone(Function):
   """Tensor.clone: a copy kernel even where contiguous() would hand back the same buffer."""
   def forward(self, x: LazyBuffer) -> LazyBuffer: return x._copy()
   def backward(self, grad: LazyBuffer) -> LazyBuffer: return grad

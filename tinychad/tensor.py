@@ -1126,7 +1126,7 @@ class Tensor:
   # ---- more of PyTorch's and tinygrad's ops (issue 23): compositions of the ops above ----
   def clone(self) -> Tensor:
     """A copy in a buffer of its own (a copy kernel), so that writes to self (assign, a TinyJit replay) leave it be."""
-    return F.Copy.apply(self)
+    return F.Clone.apply(self)
   def outer(self, other: Tensor) -> Tensor:
     if self.ndim != 1 or other.ndim != 1:
       raise ValueError(f"outer: expected two 1-d tensors, got {_shape_str(self.shape)} and {_shape_str(other.shape)}")

@@ -1,0 +1,230 @@
+"""The ops issue 23 added, against PyTorch, forward and backward, on every device (and NOOPT=1 on the compiled ones):
+inverse trigonometry, logsigmoid/softsign, isnan/isinf/isfinite, roll, repeat_interleave, unfold, running extremes,
+diagonals, pooling with ceil_mode/return_indices, tinygrad's loss names, the PyTorch conveniences; 0-d, empty and
+non-contiguous inputs included. Same harness as test_ops.py (helper_test_op)."""
+from __future__ import annotations
+import math
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as TF
+from tinychad import Tensor, dtypes
+import tinychad.nn.functional as F
+from test_ops import helper_test_op
+
+pytestmark = pytest.mark.usefixtures("each_device")
+
+UNARY = [
+  ("atan", torch.atan, Tensor.atan, -6, 6),
+  ("asin", torch.asin, Tensor.asin, -0.95, 0.95),
+  ("acos", torch.acos, Tensor.acos, -0.95, 0.95),
+  ("logsigmoid", TF.logsigmoid, Tensor.logsigmoid, -30, 30),
+  ("softsign", TF.softsign, Tensor.softsign, -4, 4),
+  ("log1p", torch.log1p, Tensor.log1p, -0.9, 3),
+  ("expm1", torch.expm1, Tensor.expm1, -3, 3),
+  ("frac", torch.frac, Tensor.frac, -3, 3),
+  ("deg2rad", torch.deg2rad, Tensor.deg2rad, -200, 200),
+  ("tanhshrink", TF.tanhshrink, F.tanhshrink, -3, 3),
+]
+
+
+@pytest.mark.parametrize("shape", [(3, 4), (), (0, 3)], ids=str)
+@pytest.mark.parametrize("name, torch_fn, tinychad_fn, low, high", UNARY, ids=[c[0] for c in UNARY])
+def test_unary(name, torch_fn, tinychad_fn, low, high, shape):
+  helper_test_op([shape], torch_fn, tinychad_fn, atol=1e-6, rtol=2e-6, low=low, high=high)
+
+
+@pytest.mark.parametrize("name, torch_fn, tinychad_fn, low, high", UNARY[:6], ids=[c[0] for c in UNARY[:6]])
+def test_unary_noncontiguous(name, torch_fn, tinychad_fn, low, high):
+  helper_test_op([(4, 3)], lambda x: torch_fn(x.T), lambda x: tinychad_fn(x.T), atol=1e-6, rtol=2e-6, low=low, high=high)
+
+
+def test_small_and_special_values():
+  x = np.array([0.0, -0.0, 1e-30, -1e-20, 1e-8, 3e-5, -0.7, 1.0, -1.0, 40, -40, math.inf, -math.inf, math.nan], np.float32)
+  for torch_fn, fn in [(torch.log1p, Tensor.log1p), (torch.expm1, Tensor.expm1), (torch.atan, Tensor.atan),
+                       (TF.logsigmoid, Tensor.logsigmoid), (torch.isnan, Tensor.isnan), (torch.isinf, Tensor.isinf),
+                       (torch.isfinite, Tensor.isfinite), (torch.isposinf, Tensor.isposinf), (torch.isneginf, Tensor.isneginf),
+                       (torch.nan_to_num, Tensor.nan_to_num)]:
+    helper_test_op([x], torch_fn, fn, atol=0, rtol=2e-7, grad=False)
+  helper_test_op([np.arange(-3, 3)], torch.isfinite, Tensor.isfinite, grad=False)
+
+
+def test_erf_is_correctly_rounded():
+  # every float32 result equals the exact erf rounded to float32 (math.erf, float64, is within 1 ulp of float64)
+  x = np.concatenate([np.linspace(-7, 7, 20001), np.geomspace(1e-30, 1, 200)]).astype(np.float32)
+  exact = np.array([math.erf(float(v)) for v in x]).astype(np.float32)
+  np.testing.assert_array_equal(Tensor(x).erf().numpy(), exact)
+  np.testing.assert_array_equal(Tensor([math.inf, -math.inf]).erf().numpy(), [1, -1])
+  assert np.isnan(Tensor([math.nan]).erf().item())
+
+
+@pytest.mark.parametrize("shapes", [[(3, 4), (3, 4)], [(2, 1, 3), (4, 1)], [(), (5,)]], ids=str)
+def test_atan2(shapes):
+  helper_test_op(shapes, torch.atan2, Tensor.atan2, atol=1e-6, rtol=2e-6, min_abs=0.05)
+
+
+def test_atan2_axes_and_origin():
+  y = np.array([0.0, 0.0, 1.0, -1.0, 0.0, 2.0, -2.0], np.float32)
+  x = np.array([0.0, -1.0, 0.0, 0.0, 1.0, -1.0, -1.0], np.float32)
+  helper_test_op([y, x], torch.atan2, Tensor.atan2, grad=False)
+
+
+@pytest.mark.parametrize("name, torch_fn, tinychad_fn", [
+  ("logaddexp", torch.logaddexp, Tensor.logaddexp),
+  ("hypot", torch.hypot, Tensor.hypot),
+  ("clamp_tensor_bounds", lambda x, lo: x.clamp(lo, lo + 1), lambda x, lo: x.clamp(lo, lo + 1)),
+  ("outer", lambda a, b: torch.outer(a[0], b[:, 0]), lambda a, b: a[0].outer(b[:, 0])),
+], ids=lambda v: v if isinstance(v, str) else "")
+def test_binary(name, torch_fn, tinychad_fn):
+  helper_test_op([(3, 4), (3, 4)] if name != "outer" else [(2, 3), (4, 2)], torch_fn, tinychad_fn, atol=1e-6, rtol=2e-6)
+
+
+@pytest.mark.parametrize("name, torch_fn, tinychad_fn, shape", [
+  ("roll_flat", lambda x: torch.roll(x, 2), lambda x: x.roll(2), (3, 4)),
+  ("roll_dims", lambda x: torch.roll(x, (1, -5), (0, 1)), lambda x: x.roll((1, -5), (0, 1)), (3, 4)),
+  ("roll_0d", lambda x: torch.roll(x, 1), lambda x: x.roll(1), ()),
+  ("roll_empty", lambda x: torch.roll(x, 1, 0), lambda x: x.roll(1, 0), (0, 2)),
+  ("roll_noncontiguous", lambda x: torch.roll(x.T, 1, 1), lambda x: x.T.roll(1, 1), (3, 4)),
+  ("repeat_interleave", lambda x: x.repeat_interleave(2), lambda x: x.repeat_interleave(2), (2, 3)),
+  ("repeat_interleave_dim", lambda x: x.repeat_interleave(3, dim=1), lambda x: x.repeat_interleave(3, dim=1), (2, 3)),
+  ("repeat_interleave_counts", lambda x: x.repeat_interleave(torch.tensor([2, 0, 1]), dim=1),
+   lambda x: x.repeat_interleave(Tensor([2, 0, 1]), dim=1), (2, 3)),
+  ("repeat_interleave_0d", lambda x: x.repeat_interleave(3), lambda x: x.repeat_interleave(3), ()),
+  ("unfold", lambda x: x.unfold(1, 3, 2), lambda x: x.unfold(1, 3, 2), (2, 7, 3)),
+  ("unfold_last", lambda x: x.unfold(-1, 2, 1), lambda x: x.unfold(-1, 2, 1), (2, 5)),
+  ("unfold_0d", lambda x: x.unfold(0, 1, 1), lambda x: x.unfold(0, 1, 1), ()),
+  ("cummax", lambda x: torch.cummax(x, 1).values, lambda x: x.cummax(1).values, (3, 6)),
+  ("cummin", lambda x: torch.cummin(x, 0).values, lambda x: x.cummin(0).values, (5, 2)),
+  ("cumprod", lambda x: torch.cumprod(x, 1), lambda x: x.cumprod(1), (3, 5)),
+  ("logcumsumexp", lambda x: torch.logcumsumexp(x, 0), lambda x: x.logcumsumexp(0), (6, 2)),
+  ("diag_vector", lambda x: torch.diag(x, -1), lambda x: x.diag(-1), (3,)),
+  ("diag_matrix", lambda x: torch.diag(x, 1), lambda x: x.diag(1), (3, 4)),
+  ("diagonal", lambda x: torch.diagonal(x, 0, 0, 2), lambda x: x.diagonal(0, 0, 2), (3, 2, 4)),
+  ("trace", torch.trace, Tensor.trace, (4, 3)),
+  ("clone", lambda x: x.clone() * 2, lambda x: x.clone() * 2, (2, 3)),
+  ("norm", lambda x: x.norm(), lambda x: x.norm(), (2, 3)),
+  ("norm_dim_p1", lambda x: x.norm(1, dim=1, keepdim=True), lambda x: x.norm(1, dim=1, keepdim=True), (2, 3)),
+  ("norm_p3", lambda x: x.norm(3, dim=0), lambda x: x.norm(3, dim=0), (2, 3)),
+  ("movedim", lambda x: x.movedim(0, -1), lambda x: x.movedim(0, -1), (2, 3, 4)),
+  ("narrow", lambda x: x.narrow(1, 1, 2), lambda x: x.narrow(1, 1, 2), (2, 4)),
+  ("index_select", lambda x: x.index_select(1, torch.tensor([2, 0, 2])), lambda x: x.index_select(1, Tensor([2, 0, 2])), (2, 3)),
+  ("tile", lambda x: x.tile(2, 1, 2), lambda x: x.tile(2, 1, 2), (2, 3)),
+  ("glu", lambda x: TF.glu(x, -1), lambda x: F.glu(x, -1), (3, 4)),
+  ("normalize", lambda x: TF.normalize(x, dim=1), lambda x: F.normalize(x, dim=1), (3, 4)),
+  ("softmin", lambda x: TF.softmin(x, 1), lambda x: F.softmin(x, 1), (3, 4)),
+], ids=lambda v: v if isinstance(v, str) else "")
+def test_unary_structural(name, torch_fn, tinychad_fn, shape):
+  helper_test_op([shape], torch_fn, tinychad_fn, atol=1e-5, rtol=1e-5, low=0.3 if "cumprod" in name else -2.0)
+
+
+def test_cummax_indices_and_gradient_at_ties():
+  x = np.array([[3, 1, 3, 2, 5, 5, 0], [1, 1, 1, 0, 0, 2, 2]], np.float32)
+  for torch_fn, fn in [(torch.cummax, Tensor.cummax), (torch.cummin, Tensor.cummin)]:
+    helper_test_op([x], lambda t: torch_fn(t, 1).values, lambda t: fn(t, 1).values)
+    np.testing.assert_array_equal(fn(Tensor(x), 1).indices.numpy(), torch_fn(torch.tensor(x), 1).indices.numpy())
+  ints = np.array([4, 2, 7, 7, 1], np.int32)
+  np.testing.assert_array_equal(Tensor(ints).cummax(0).values.numpy(), torch.cummax(torch.tensor(ints), 0).values.numpy())
+
+
+def test_clone_is_a_copy():
+  a = Tensor([1.0, 2.0]).realize()
+  b = a.clone().realize()
+  a.assign(Tensor([5.0, 6.0])).realize()
+  np.testing.assert_array_equal(b.numpy(), [1, 2])
+  assert b.lazydata.base.realized is not a.lazydata.base.realized
+
+
+def test_meshgrid():
+  for indexing in ("ij", "xy"):
+    want = torch.meshgrid(torch.tensor([1, 2, 3]), torch.tensor([4, 5]), torch.tensor([6]), indexing=indexing)
+    got = Tensor.meshgrid(Tensor([1, 2, 3]), Tensor([4, 5]), Tensor([6]), indexing=indexing)
+    for w, g in zip(want, got): np.testing.assert_array_equal(g.numpy(), w.numpy())
+
+
+def test_in_place_methods():
+  x = Tensor([1.0, -2.0, 3.0])
+  x.add_(1).mul_(2).sub_(Tensor([1.0, 1.0, 1.0]), alpha=2).clamp_(-1, 5).masked_fill_(Tensor([True, False, False]), 9)
+  np.testing.assert_array_equal(x.numpy(), [9, -1, 5])
+  np.testing.assert_array_equal(x.zero_().numpy(), [0, 0, 0])
+  np.testing.assert_array_equal(x.fill_(7).numpy(), [7, 7, 7])
+  np.testing.assert_array_equal(x.copy_(Tensor([1, 2, 3])).numpy(), [1, 2, 3])
+  assert x.dtype == dtypes.float32
+
+
+POOLS = [dict(kernel_size=2), dict(kernel_size=2, ceil_mode=True), dict(kernel_size=3, stride=2, padding=1, ceil_mode=True),
+         dict(kernel_size=(3, 2), stride=(2, 3), ceil_mode=True), dict(kernel_size=3, stride=2, dilation=2, ceil_mode=True)]
+
+
+@pytest.mark.parametrize("kwargs", POOLS, ids=str)
+def test_max_pool2d_ceil_mode_and_indices(kwargs):
+  helper_test_op([(2, 2, 7, 6)], lambda x: TF.max_pool2d(x, **kwargs), lambda x: F.max_pool2d(x, **kwargs))
+  x = np.random.default_rng(1).integers(0, 4, (2, 2, 7, 6)).astype(np.float32)   # ties: the first one's index
+  want_values, want_indices = TF.max_pool2d(torch.tensor(x), return_indices=True, **kwargs)
+  values, indices = F.max_pool2d(Tensor(x), return_indices=True, **kwargs)
+  np.testing.assert_array_equal(values.numpy(), want_values.numpy())
+  np.testing.assert_array_equal(indices.numpy(), want_indices.numpy())
+  assert indices.dtype == dtypes.int64
+
+
+@pytest.mark.parametrize("kwargs", POOLS[:4] + [dict(kernel_size=3, stride=2, padding=1, ceil_mode=True, count_include_pad=False)], ids=str)
+def test_avg_pool2d_ceil_mode(kwargs):
+  kwargs = {k: v for k, v in kwargs.items() if k != "dilation"}
+  helper_test_op([(2, 2, 7, 6)], lambda x: TF.avg_pool2d(x, **kwargs), lambda x: F.avg_pool2d(x, **kwargs))
+
+
+def test_pool1d():
+  helper_test_op([(2, 3, 9)], lambda x: TF.max_pool1d(x, 3, 2, 1, ceil_mode=True), lambda x: x.max_pool1d(3, 2, 1, ceil_mode=True))
+  helper_test_op([(2, 3, 9)], lambda x: TF.avg_pool1d(x, 4, 3, ceil_mode=True), lambda x: x.avg_pool1d(4, 3, ceil_mode=True))
+  _, indices = F.max_pool1d(Tensor(np.arange(10.0).reshape(1, 10)), 3, return_indices=True)
+  np.testing.assert_array_equal(indices.numpy(), [[2, 5, 8]])
+
+
+@pytest.mark.parametrize("kwargs", [dict(kernel_size=2), dict(kernel_size=(2, 3), dilation=(1, 2), padding=1, stride=(2, 1))], ids=str)
+def test_unfold_im2col(kwargs):
+  helper_test_op([(2, 3, 6, 7)], lambda x: TF.unfold(x, **kwargs), lambda x: F.unfold(x, **kwargs))
+  helper_test_op([(3, 5, 5)], lambda x: TF.unfold(x, **kwargs), lambda x: F.unfold(x, **kwargs))
+
+
+def _labels(shape, classes, ignored=()):
+  labels = np.random.default_rng(2).integers(0, classes, shape)
+  for position, value in ignored: labels[position] = value
+  return labels
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("label_smoothing", [0.0, 0.2])
+def test_sparse_categorical_crossentropy(reduction, label_smoothing):
+  labels = _labels((4,), 5, [(1, -1)])
+  helper_test_op([(4, 5)], lambda x: TF.cross_entropy(x, torch.tensor(labels), ignore_index=-1, reduction=reduction,
+                                                      label_smoothing=label_smoothing),
+                 lambda x: x.sparse_categorical_crossentropy(Tensor(labels), reduction=reduction, label_smoothing=label_smoothing))
+
+
+def test_sparse_categorical_crossentropy_classes_last_and_ignore_index():
+  labels = _labels((2, 3), 4, [((0, 1), 3)])
+  # (B, T, C): tinygrad's classes are on the last dim, PyTorch's on dim 1; an explicit ignore_index is honoured
+  helper_test_op([(2, 3, 4)], lambda x: TF.cross_entropy(x.permute(0, 2, 1), torch.tensor(labels), ignore_index=3),
+                 lambda x: x.sparse_categorical_crossentropy(Tensor(labels), ignore_index=3))
+  minus_one = _labels((3,), 4, [(0, -1)])
+  helper_test_op([(3, 4)], lambda x: TF.cross_entropy(x, torch.tensor(minus_one), ignore_index=-1),
+                 lambda x: x.sparse_categorical_crossentropy(Tensor(minus_one), ignore_index=-1))
+
+
+def test_binary_crossentropy_tinygrad_names():
+  target = np.random.default_rng(3).random((3, 4)).astype(np.float32)
+  helper_test_op([(3, 4)], lambda x: TF.binary_cross_entropy(x.sigmoid(), torch.tensor(target)),
+                 lambda x: x.sigmoid().binary_crossentropy(Tensor(target)))
+  helper_test_op([(3, 4)], lambda x: TF.binary_cross_entropy_with_logits(x, torch.tensor(target), reduction="sum"),
+                 lambda x: x.binary_crossentropy_logits(Tensor(target), reduction="sum"))
+
+
+@pytest.mark.parametrize("name, torch_fn, tinychad_fn", [
+  ("l1_loss", TF.l1_loss, F.l1_loss),
+  ("smooth_l1_loss", lambda a, b: TF.smooth_l1_loss(a, b, beta=0.5), lambda a, b: F.smooth_l1_loss(a, b, beta=0.5)),
+  ("huber_loss", lambda a, b: TF.huber_loss(a, b, delta=0.7), lambda a, b: F.huber_loss(a, b, delta=0.7)),
+  ("kl_div", lambda a, b: TF.kl_div(a.log_softmax(1), b.softmax(1), reduction="batchmean"),
+   lambda a, b: F.kl_div(a.log_softmax(1), b.softmax(1), reduction="batchmean")),
+  ("cosine_similarity", TF.cosine_similarity, F.cosine_similarity),
+], ids=lambda v: v if isinstance(v, str) else "")
+def test_losses_and_similarity(name, torch_fn, tinychad_fn):
+  helper_test_op([(3, 4), (3, 4)], torch_fn, tinychad_fn, atol=1e-6, rtol=1e-5)
