@@ -44,3 +44,38 @@ def test_freed_buffers_are_reused():
   b = (Tensor.ones(1024) * 3).realize()
   assert b.lazydata.base.realized.as_numpy().ctypes.data == address
   np.testing.assert_allclose(b.numpy(), 3)
+
+
+def test_freeing_a_big_tensor_gives_memory_back_to_the_os():
+  import tinychad
+  from tinychad import GlobalCounters
+  tinychad.empty_cache()
+  gc.collect()
+  before_rss, before_used = rss_mb(), tinychad.memory_allocated()
+  big = (Tensor.ones(64, 1024, 1024) + 1).realize()   # 256 MiB of float32
+  assert tinychad.memory_allocated() - before_used >= 256 * 2**20
+  assert GlobalCounters.mem_used == tinychad.memory_allocated()
+  assert tinychad.max_memory_allocated() >= tinychad.memory_allocated()
+  assert rss_mb() - before_rss > 200, "the tensor's pages were touched"
+  del big
+  gc.collect()
+  # a buffer this big is never pooled: both the counter and the process's resident memory drop by its size
+  assert tinychad.memory_allocated() - before_used < 2**20
+  assert tinychad.memory_pooled() < 256 * 2**20
+  assert rss_mb() - before_rss < 50, f"RSS still {rss_mb() - before_rss:.0f} MB above where it started"
+
+
+def test_pool_is_reported_apart_and_emptied():
+  import tinychad
+  tinychad.empty_cache()
+  a = (Tensor.ones(1 << 18) * 2).realize()   # 1 MiB: small enough to be pooled when freed
+  used = tinychad.memory_allocated()
+  del a
+  gc.collect()
+  assert tinychad.memory_allocated() == used - (1 << 20)
+  assert tinychad.memory_pooled() >= 1 << 20
+  assert tinychad.memory_reserved() == tinychad.memory_allocated() + tinychad.memory_pooled()
+  tinychad.empty_cache()
+  assert tinychad.memory_pooled() == 0
+  tinychad.reset_peak_memory_stats()
+  assert tinychad.max_memory_allocated() == tinychad.memory_allocated()

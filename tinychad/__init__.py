@@ -26,10 +26,11 @@ knowing only what is below it. test/test_layers.py holds the same order and enfo
 """
 from tinychad.tensor import Tensor, no_grad
 from tinychad.dtype import dtypes, DType
-from tinychad.device import Device
+from tinychad.device import Device, empty_cache, max_memory_allocated, memory_allocated, memory_pooled, memory_reserved, reset_peak_memory_stats
 from tinychad.helpers import GlobalCounters
 from tinychad.engine.jit import TinyJit
 from tinychad import compat  # noqa: F401 -- installs the seed's names (see compat.py)
 from tinychad.nn import optim  # noqa: F401 -- the seed's `tinychad.optim` (see compat.py)
 
-__all__ = ["Tensor", "no_grad", "dtypes", "DType", "Device", "GlobalCounters", "TinyJit"]
+__all__ = ["Tensor", "no_grad", "dtypes", "DType", "Device", "GlobalCounters", "TinyJit", "memory_allocated", "max_memory_allocated",
+           "reset_peak_memory_stats", "memory_pooled", "memory_reserved", "empty_cache"]

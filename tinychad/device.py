@@ -7,16 +7,24 @@ a declaration in runtime/ (its renderer, compiler and program loader: runtime/co
 by name on first use; engine/realize.py drives them.
 """
 from __future__ import annotations
+import ctypes
+import ctypes.util
 import importlib
 import os
 import numpy as np
 from tinychad.dtype import DType
+from tinychad.helpers import GlobalCounters
 
 
 class _MemoryPool:
   """Freed buffers wait here for the next buffer of the same byte size: fresh memory is slow to touch
-  (page faults), and a training step asks for the same sizes every time. Bounded so it can't hoard."""
+  (page faults), and a training step asks for the same sizes every time. Bounded so it can't hoard: past
+  LIMIT_BYTES pooled, and for any buffer of BIG_BYTES or more, freed memory goes back to the allocator, which
+  returns such big blocks to the OS at once (glibc maps them on their own); empty() gives back the rest."""
   LIMIT_BYTES = 1 << 30
+  # a buffer this big costs its page faults once per use (~5% of merely writing it once), and pooling it would hold
+  # a model's largest activations after they die: `del` of a big tensor should show in the process's memory
+  BIG_BYTES = 64 << 20
 
   def __init__(self):
     self.free: dict[int, list[tuple[np.ndarray, int]]] = {}
@@ -32,7 +40,7 @@ class _MemoryPool:
     return raw[start:start + nbytes], raw.ctypes.data + start
 
   def give(self, memory: np.ndarray, address: int) -> None:
-    if self.pooled_bytes + memory.nbytes > self.LIMIT_BYTES: return
+    if memory.nbytes >= self.BIG_BYTES or self.pooled_bytes + memory.nbytes > self.LIMIT_BYTES: return
     self.free.setdefault(memory.nbytes, []).append((memory, address))
     self.pooled_bytes += memory.nbytes
 
@@ -40,8 +48,42 @@ class _MemoryPool:
     self.free.clear()
     self.pooled_bytes = 0
 
+  def empty(self) -> None:
+    """Drop every pooled buffer and ask the C allocator to return its free memory to the OS (glibc's malloc_trim;
+    elsewhere the allocator decides)."""
+    self.clear()
+    if _LIBC is not None: _LIBC.malloc_trim(0)
 
+
+def _load_libc():
+  try:
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    return libc if hasattr(libc, "malloc_trim") else None
+  except OSError:
+    return None
+
+
+_LIBC = _load_libc()
 memory_pool = _MemoryPool()
+
+
+# PyTorch's memory questions (torch.cuda.memory_allocated() and friends), answered for host memory
+def memory_allocated() -> int:
+  """Bytes held by live buffers: tensors' data, realized or kept by the graph (GlobalCounters.mem_used)."""
+  return GlobalCounters.mem_used
+def max_memory_allocated() -> int:
+  """The most memory_allocated() has been since the start or reset_peak_memory_stats()."""
+  return GlobalCounters.mem_peak
+def reset_peak_memory_stats() -> None: GlobalCounters.mem_peak = GlobalCounters.mem_used
+def memory_pooled() -> int:
+  """Bytes of freed buffers the pool keeps for reuse (not counted by memory_allocated())."""
+  return memory_pool.pooled_bytes
+def memory_reserved() -> int:
+  """PyTorch's meaning: live buffers plus what the pool keeps."""
+  return GlobalCounters.mem_used + memory_pool.pooled_bytes
+def empty_cache() -> None:
+  """Give the pool's buffers back, and the C allocator's free memory to the OS (PyTorch's empty_cache())."""
+  memory_pool.empty()
 
 
 class Buffer:
@@ -54,7 +96,9 @@ class Buffer:
   def __repr__(self) -> str: return f"<Buffer {self.device} {self.size} {self.dtype.name}>"
 
   def __del__(self):
-    if self._memory is not None and memory_pool is not None: memory_pool.give(self._memory, self.address)
+    if self._memory is None or GlobalCounters is None: return   # None: the interpreter is shutting down
+    GlobalCounters.mem_used -= self.nbytes
+    if memory_pool is not None: memory_pool.give(self._memory, self.address)
 
   @property
   def nbytes(self) -> int: return self.size * self.dtype.itemsize
@@ -62,6 +106,8 @@ class Buffer:
   def allocate(self) -> Buffer:
     if self._memory is None:
       self._memory, self.address = memory_pool.take(self.nbytes)   # address: what kernels are called with
+      GlobalCounters.mem_used += self.nbytes
+      GlobalCounters.mem_peak = max(GlobalCounters.mem_peak, GlobalCounters.mem_used)
     return self
 
   def copyin(self, array: np.ndarray) -> Buffer:

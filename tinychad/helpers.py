@@ -47,6 +47,9 @@ class GlobalCounters:
   global_ops: int = 0
   global_mem: int = 0
   time_sum_s: float = 0.0
+  # memory, kept by device.py's Buffers (reset() leaves these: they are state, not counts of work):
+  mem_used: int = 0       # bytes held by live buffers (tinygrad's name; tinychad.memory_allocated())
+  mem_peak: int = 0       # the most mem_used has been since the last tinychad.reset_peak_memory_stats()
 
   @staticmethod
   def reset() -> None:

@@ -86,6 +86,10 @@ def _scalar_state(roots: list, depth: int = 2) -> tuple:
     if level == 0 or id(obj) in seen or _is_tensor(obj): return
     if isinstance(obj, (LazyBuffer, Buffer, types.ModuleType, type, types.FunctionType)): return
     seen.add(id(obj))
+    # a module's train/eval flags, its submodules' at any depth included (nn.Module: modules() and _training);
+    # the shallow walk below would miss a dropout three modules down switched by `body.eval()`
+    if callable(getattr(obj, "modules", None)) and hasattr(obj, "_training"):
+      found.append((f"{path}.modules()", tuple(getattr(m, "_training", None) for m in obj.modules())))
     if isinstance(obj, (list, tuple)):
       for i, item in enumerate(obj[:64]): visit(item, f"{path}[{i}]", level - 1)
     elif isinstance(obj, dict):
