@@ -104,3 +104,29 @@ def test_switching_train_and_eval_records_again():
     for _ in range(3): np.testing.assert_allclose(drop(a).numpy(), 1.0)
   finally:
     Tensor.training = False
+
+
+def test_a_submodule_switched_to_eval_recaptures():
+  from tinychad import nn
+
+  class Block(nn.Module):
+    def __init__(self):
+      super().__init__()
+      self.inner = nn.Sequential(nn.Linear(8, 8), nn.Dropout(0.5))
+    def forward(self, x): return self.inner(x)
+
+  class Net(nn.Module):
+    def __init__(self):
+      super().__init__()
+      self.body, self.head = nn.ModuleList([Block(), Block()]), nn.Linear(8, 2)
+    def forward(self, x): return self.head(self.body[1](self.body[0](x)))
+
+  net, x = Net(), Tensor.randn(4, 8).realize()
+  forward = TinyJit(lambda t: net(t).realize())
+  net.train()
+  for _ in range(3): forward(x)
+  # body.eval() then head.train(): Tensor.training ends up True as before; only the dropouts deep in body changed
+  net.body.eval()
+  net.head.train()
+  expected = net(x).numpy()
+  for _ in range(3): np.testing.assert_allclose(forward(x).numpy(), expected, rtol=1e-6)

@@ -257,3 +257,31 @@ def test_optimizer_state_dict_resumes():
   train(resumed, w2, b2, 2)
   np.testing.assert_allclose(w2.numpy(), w.numpy(), rtol=1e-6, atol=1e-7)
   np.testing.assert_allclose(b2.numpy(), b.numpy(), rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("make", [lambda opt: StepLR(opt, step_size=2, gamma=0.5), lambda opt: CosineAnnealingLR(opt, T_max=6),
+                                  lambda opt: OneCycleLR(opt, max_lr=0.1, total_steps=8)], ids=["step", "cosine", "onecycle"])
+def test_scheduler_state_dict_resumes_training(make):
+  def train(opt, sched, w, b, steps):
+    for _ in range(steps):
+      opt.zero_grad()
+      ((Tensor(X) @ w + b).tanh().square().sum()).backward()
+      opt.step()
+      sched.step()
+  w, b = Tensor(W0, requires_grad=True), Tensor(B0, requires_grad=True)
+  opt = SGD([w, b], lr=0.1, momentum=0.9)
+  sched = make(opt)
+  train(opt, sched, w, b, 3)
+  saved_opt, saved_sched, w_saved, b_saved = opt.state_dict(), sched.state_dict(), w.numpy().copy(), b.numpy().copy()
+  assert "optimizer" not in saved_sched and saved_sched["last_epoch"] == 3
+  train(opt, sched, w, b, 4)
+  w2, b2 = Tensor(w_saved, requires_grad=True), Tensor(b_saved, requires_grad=True)
+  opt2 = SGD([w2, b2], lr=0.1, momentum=0.9)
+  sched2 = make(opt2)
+  opt2.load_state_dict(saved_opt)
+  sched2.load_state_dict(saved_sched)
+  train(opt2, sched2, w2, b2, 4)
+  assert sched2.get_last_lr() == sched.get_last_lr() and sched2.last_epoch == sched.last_epoch == 7
+  np.testing.assert_allclose(w2.numpy(), w.numpy(), rtol=1e-6, atol=1e-7)
+  np.testing.assert_allclose(b2.numpy(), b.numpy(), rtol=1e-6, atol=1e-7)
+  with pytest.raises(ValueError, match="load_state_dict"): sched2.load_state_dict({"last_epoch": 1})

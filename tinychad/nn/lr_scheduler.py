@@ -1,7 +1,8 @@
 """Learning-rate schedules: each step() sets optimizer.lr for the next step, as torch.optim.lr_scheduler does.
 
 in: an Optimizer (its lr at construction is the base lr) and the schedule's settings
-out: optimizer.lr updated on every scheduler.step(); get_last_lr() gives [lr] like PyTorch.
+out: optimizer.lr updated on every scheduler.step(); get_last_lr() gives [lr] like PyTorch; state_dict() and
+load_state_dict() resume a schedule, beside the optimizer's own.
 Call optimizer.step() then scheduler.step(), once per epoch (StepLR, CosineAnnealingLR) or per batch (OneCycleLR).
 Constructing a scheduler sets the lr for step 0, as in PyTorch.
 """
@@ -27,6 +28,18 @@ class LRScheduler:
     self.optimizer.lr = self._last_lr
 
   def get_last_lr(self) -> list[float]: return [self._last_lr]
+
+  def state_dict(self) -> dict:
+    """Everything but the optimizer (PyTorch's form): the step count, the base lr and the settings."""
+    return {name: value for name, value in self.__dict__.items() if name != "optimizer"}
+
+  def load_state_dict(self, state_dict: dict) -> None:
+    """Resume: the schedule goes on from the saved step. As in PyTorch the optimizer's lr is not touched (its own
+    state dict holds it)."""
+    mine = self.state_dict()
+    if set(state_dict) != set(mine):
+      raise ValueError(f"{type(self).__name__}.load_state_dict: keys {sorted(state_dict)} don't match {sorted(mine)}")
+    self.__dict__.update(state_dict)
 
 
 class StepLR(LRScheduler):
