@@ -135,7 +135,7 @@ def test_zero_and_negative_sizes_strides_groups_dilations():
 def test_max_of_empty_raises():
   with raises(ValueError, "max", "empty"): Tensor.ones(0).max()
   with raises(ValueError, "max", "size 0", "(2, 0)"): Tensor.ones(2, 0).max(1)
-  with raises(ValueError, "max", "empty"): Tensor.ones(0, 3).min()
+  with raises(ValueError, "min", "empty"): Tensor.ones(0, 3).min()   # the message names the op called
   assert Tensor.ones(2, 0).max(0).shape == (0,)  # reducing a non-empty dim of an empty tensor is fine, as in PyTorch
 
 
@@ -173,3 +173,52 @@ def test_pool_padding_over_half_the_kernel():
   with raises(ValueError, "max_pool2d", "padding", "half"): x.max_pool2d(2, padding=3)
   with raises(ValueError, "avg_pool2d", "padding", "half"): x.avg_pool2d(2, padding=2)
   assert x.max_pool2d(3, stride=1, padding=1).shape == (1, 1, 4, 4)
+
+
+def test_empty_reductions_name_their_op():
+  with raises(ValueError, "min", "empty", "(0,)"): Tensor.ones(0).min()
+  with raises(ValueError, "argmax", "size 0", "(0, 3)"): Tensor.ones(0, 3).argmax(0)
+  with raises(ValueError, "argmin", "empty"): Tensor.ones(0).argmin()
+  with raises(ValueError, "argmax", "size 0"): Tensor.ones(0, 3).max(dim=0)
+  assert Tensor.ones(0).prod().item() == 1 and Tensor.ones(0).sum().item() == 0   # reductions with an identity are fine
+
+
+def test_one_hot_and_layer_norm_bad_input():
+  from tinychad.nn import functional as F
+  with raises(ValueError, "one_hot", "-1", "[0, 3)"): Tensor([-1, 2]).one_hot(3)
+  with raises(ValueError, "one_hot", "5", "[0, 3)"): Tensor([5, 2]).one_hot(3)
+  with raises(ValueError, "layer_norm", "(4,)", "(2, 3)"): F.layer_norm(Tensor.ones(2, 3), (4,))
+  with raises(ValueError, "layer_norm", "(2, 2, 3)"): F.layer_norm(Tensor.ones(2, 3), (2, 2, 3))
+
+
+def test_new_ops_bad_input():
+  from tinychad.nn import functional as F
+  x = Tensor.ones(1, 1, 4, 4)
+  with raises(ValueError, "unfold", "step 0"): Tensor.ones(4).unfold(0, 2, 0)
+  with raises(ValueError, "unfold", "size 5", "(4,)"): Tensor.ones(4).unfold(0, 5, 1)
+  with raises(ValueError, "unfold", "stride", "0"): F.unfold(x, 2, stride=0)
+  with raises(ValueError, "unfold", "kernel (5, 5)"): F.unfold(x, 5)
+  with raises(ValueError, "unfold", "(4, 4)"): F.unfold(Tensor.ones(4, 4), 2)
+  with raises(ValueError, "max_pool1d", "stride", "0"): Tensor.ones(1, 4).max_pool1d(2, stride=0)
+  with raises(ValueError, "max_pool2d", "kernel (5, 5)"): x.max_pool2d(5, ceil_mode=True)
+  with raises(ValueError, "roll", "2 shifts", "1 dims"): Tensor.ones(3).roll((1, 2), (0,))
+  with raises(IndexError, "roll", "dimension 1"): Tensor.ones(3).roll(1, 1)
+  with raises(ValueError, "repeat_interleave", "[1, 2]", "(3,)"): Tensor.ones(3).repeat_interleave([1, 2])
+  with raises(ValueError, "repeat_interleave", "-1"): Tensor.ones(2).repeat_interleave([1, -1])
+  with raises(TypeError, "repeat_interleave", "float"): Tensor.ones(2).repeat_interleave(Tensor([1.0, 2.0]))
+  with raises(ValueError, "outer", "(2, 2)"): Tensor.ones(2, 2).outer(Tensor.ones(2))
+  with raises(ValueError, "diag", "(2, 2, 2)"): Tensor.ones(2, 2, 2).diag()
+  with raises(ValueError, "diagonal", "both 0"): Tensor.ones(2, 2).diagonal(0, 0, 0)
+  with raises(ValueError, "trace", "(3,)"): Tensor.ones(3).trace()
+  with raises(ValueError, "meshgrid", "indexing"): Tensor.meshgrid(Tensor.ones(2), indexing="yx")
+  with raises(ValueError, "atan2", "(2,)", "(3,)"): Tensor.ones(2).atan2(Tensor.ones(3))
+  with raises(IndexError, "narrow", "length 3"): Tensor.ones(4).narrow(0, 2, 3)
+  with raises(ValueError, "mm", "(2, 3, 4)"): Tensor.ones(2, 3, 4).mm(Tensor.ones(4, 2))
+  with raises(ValueError, "norm", "-1"): Tensor.ones(3).norm(-1)
+  with raises(TypeError, "lshift", "float32"): Tensor.ones(3) << 1
+  with raises(ValueError, "glu", "even"): F.glu(Tensor.ones(2, 3))
+  with raises(ValueError, "sparse_categorical_crossentropy", "(3,)", "(2, 4)"):
+    Tensor.ones(2, 4).sparse_categorical_crossentropy(Tensor([0, 1, 2]))
+  with raises(IndexError, "nll_loss", "target 7"): Tensor.ones(2, 4).sparse_categorical_crossentropy(Tensor([0, 7]))
+  with raises(IndexError, "cumprod", "dimension 2"): Tensor.ones(3).cumprod(2)
+  with raises(IndexError, "cummax", "dimension 1"): Tensor.ones(3).cummax(1)

@@ -539,8 +539,12 @@ class Tensor:
     return Tensor.where(mask, value, self)
 
   def one_hot(self, num_classes: int = -1) -> Tensor:
+    """Classes must lie in [0, num_classes) (checked on the host, as indices are: a row of zeros would hide the bug)."""
+    from tinychad.indexing import out_of_bounds
     if self.dtype.category != 1: raise TypeError(f"one_hot: needs an integer tensor, got {self.dtype}")
-    if num_classes == -1: num_classes = int(self.max().item()) + 1
+    if num_classes == -1: num_classes = int(self.max().item()) + 1 if self.numel() else 0
+    if (bad := out_of_bounds(self, num_classes)) is not None:
+      raise ValueError(f"one_hot: class {bad} is outside [0, {num_classes}) (tensor of shape {_shape_str(self.shape)}, {self.dtype})")
     return (self.unsqueeze(-1) == Tensor.arange(num_classes, device=self.device)).cast(dtypes.int64)
 
   # ---- broadcasting and type promotion for binary ops ----
@@ -884,19 +888,24 @@ class Tensor:
     """The maximum over axis (tinygrad's form, positional or axis=: the values). With dim= (PyTorch's keyword) the
     result is PyTorch's (values, indices) named tuple: the keyword says which framework's habit the caller has."""
     if dim is not None: return self._values_indices(self.argmax(dim, keepdim=True), dim, keepdim)
-    if axis is None and self.numel() == 0: raise ValueError("max: empty tensor with no axis to reduce over")
-    for a in self._axes(axis, "max"):
-      if self.ndim and self.shape[a] == 0: raise ValueError(f"max: cannot reduce over dim {a} of size 0 (shape {_shape_str(self.shape)})")
+    self._check_not_empty(axis, "max")
     return self._reduce(lambda t, axes: F.Max.apply(t, axis=axes), axis, keepdim, "max")
 
   def min(self, axis=None, keepdim: bool = False, dim=None):
     """As max: the values, or (values, indices) with dim=."""
     if dim is not None: return self._values_indices(self.argmin(dim, keepdim=True), dim, keepdim)
+    self._check_not_empty(axis, "min")
     if self.dtype == dtypes.bool: return self.logical_not().max(axis, keepdim).logical_not()
     if self.dtype.is_unsigned:
       top = np.iinfo(self.dtype.np).max
       return top - (top - self).max(axis, keepdim)
     return -((-self).max(axis, keepdim))
+
+  def _check_not_empty(self, axis, op: str) -> None:
+    """max, min and their arg forms have no identity: over nothing they raise, as in PyTorch."""
+    if axis is None and self.numel() == 0: raise ValueError(f"{op}: empty tensor of shape {_shape_str(self.shape)} with no axis to reduce over")
+    for a in self._axes(axis, op):
+      if self.ndim and self.shape[a] == 0: raise ValueError(f"{op}: cannot reduce over dim {a} of size 0 (shape {_shape_str(self.shape)})")
 
   def _values_indices(self, indices: Tensor, dim: int, keepdim: bool) -> ValuesIndices:
     """The values picked by indices (kept dim): gathered, so that, as in PyTorch, among tied maxima only the one at
@@ -984,6 +993,7 @@ class Tensor:
   def argmax(self, axis: int | None = None, keepdim: bool = False, dim: int | None = None) -> Tensor:
     """Index of the first maximum (as PyTorch), found with a max over reversed positions."""
     if dim is not None: axis = dim
+    self._check_not_empty(axis, "argmax")
     if axis is None: return self.flatten().argmax(0)
     axis = self._axis(axis, "argmax")
     if self.ndim == 0: return Tensor.zeros((), dtype=dtypes.int64, device=self.device)
@@ -995,6 +1005,7 @@ class Tensor:
 
   def argmin(self, axis: int | None = None, keepdim: bool = False, dim: int | None = None) -> Tensor:
     if dim is not None: axis = dim
+    self._check_not_empty(axis, "argmin")
     if self.dtype == dtypes.bool: return self.logical_not().argmax(axis, keepdim)
     return (-self if not self.dtype.is_unsigned else (np.iinfo(self.dtype.np).max - self)).argmax(axis, keepdim)
 

@@ -458,7 +458,10 @@ def cosine_similarity(x1: Tensor, x2: Tensor, dim: int = 1, eps: float = 1e-8) -
 
 
 def layer_norm(x: Tensor, normalized_shape, weight: Tensor | None = None, bias: Tensor | None = None, eps: float = 1e-5) -> Tensor:
-  n = 1 if isinstance(normalized_shape, int) else len(normalized_shape)
+  shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+  if x.shape[x.ndim - len(shape):] != shape or len(shape) > x.ndim:
+    raise ValueError(f"layer_norm: normalized_shape {shape} doesn't match the last dims of input {_shape_str(x.shape)} ({x.dtype})")
+  n = len(shape)
   out = x.layernorm(tuple(range(-n, 0)), eps)
   if weight is not None: out = out * weight
   return out + bias if bias is not None else out
