@@ -228,3 +228,41 @@ def test_binary_crossentropy_tinygrad_names():
 ], ids=lambda v: v if isinstance(v, str) else "")
 def test_losses_and_similarity(name, torch_fn, tinychad_fn):
   helper_test_op([(3, 4), (3, 4)], torch_fn, tinychad_fn, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name, torch_fn, tinychad_fn, shapes", [
+  ("copysign", torch.copysign, Tensor.copysign, [(3, 4), (3, 4)]),
+  ("fmod", torch.fmod, Tensor.fmod, [(3, 4), (3, 4)]),
+  ("xlogy", lambda x, y: torch.xlogy(x, y.abs()), lambda x, y: x.xlogy(y.abs()), [(3, 4), (3, 4)]),
+  ("logit", lambda x: (x.sigmoid()).logit(), lambda x: x.sigmoid().logit(), [(3, 4)]),
+  ("cross", lambda a, b: torch.cross(a, b, dim=0), lambda a, b: a.cross(b, 0), [(3, 4), (3, 4)]),
+  ("diff", lambda x: torch.diff(x, 2, 1), lambda x: x.diff(2, 1), [(3, 5)]),
+  ("nansum", lambda x: x.nansum(1), lambda x: x.nansum(1), [(3, 4)]),
+  ("rot90", lambda x: x.rot90(1, (0, 1)), lambda x: x.rot90(1, (0, 1)), [(3, 4)]),
+  ("rot90_3", lambda x: x.rot90(3, (1, 0)), lambda x: x.rot90(3, (1, 0)), [(3, 4)]),
+  ("unbind", lambda x: x.unbind(1)[2], lambda x: x.unbind(1)[2], [(3, 4)]),
+  ("select", lambda x: x.select(0, -1), lambda x: x.select(0, -1), [(3, 4)]),
+  ("var_mean", lambda x: torch.var_mean(x, 1)[0] + torch.var_mean(x, 1)[1], lambda x: sum(x.var_mean(1)), [(3, 4)]),
+  ("masked_select", lambda x: x.masked_select(x > 0), lambda x: x.masked_select(x > 0), [(3, 4)]),
+  ("signbit", torch.signbit, Tensor.signbit, [np.array([-1.0, -0.0, 0.0, 2.0, -math.inf, math.nan], np.float32)]),
+  ("fmod_int", torch.fmod, Tensor.fmod, [np.array([7, -7, 7, -7]), np.array([3, 3, -3, -3])]),
+  ("heaviside", lambda x: torch.heaviside(x, torch.tensor(0.5)), lambda x: x.heaviside(Tensor(0.5)),
+   [np.array([-1.0, 0.0, 2.0], np.float32)]),
+], ids=lambda v: v if isinstance(v, str) else "")
+def test_pytorch_conveniences(name, torch_fn, tinychad_fn, shapes):
+  # signbit and heaviside: PyTorch has no derivative for them
+  helper_test_op(shapes, torch_fn, tinychad_fn, atol=1e-6, rtol=1e-5, min_abs=0.1, grad=name not in ("signbit", "heaviside"))
+
+
+def test_host_read_ops():
+  m = np.array([[True, False, True], [False, False, True]])
+  np.testing.assert_array_equal(Tensor(m).nonzero().numpy(), torch.tensor(m).nonzero().numpy())
+  for got, want in zip(Tensor(m).nonzero(as_tuple=True), torch.tensor(m).nonzero(as_tuple=True)): np.testing.assert_array_equal(got.numpy(), want.numpy())
+  values = np.array([[3, 1], [3, 2]])
+  for got, want in zip(Tensor(values).unique(return_inverse=True, return_counts=True),
+                       torch.tensor(values).unique(return_inverse=True, return_counts=True)):
+    np.testing.assert_array_equal(got.numpy(), want.numpy())
+  assert sorted(Tensor.randperm(6).tolist()) == list(range(6))
+  x = Tensor.zeros(200, 300).uniform_(-2, 3)
+  assert x.shape == (200, 300) and -2 <= x.min().item() and x.max().item() < 3 and abs(x.mean().item() - 0.5) < 0.05
+  assert abs(Tensor.zeros(300, 300).normal_(1.0, 2.0).std().item() - 2.0) < 0.05

@@ -1408,6 +1408,121 @@ class Tensor:
   def clamp_(self, min=None, max=None) -> Tensor: return self.assign(self.clip(min, max))
   def masked_fill_(self, mask: Tensor, value) -> Tensor: return self.assign(self.masked_fill(mask, value))
 
+  def absolute(self) -> Tensor: return self.abs()
+  def negative(self) -> Tensor: return self.neg()
+  def fix(self) -> Tensor: return self.trunc()
+  def sgn(self) -> Tensor: return self.sign()
+  def divide(self, other, rounding_mode: str | None = None) -> Tensor: return self.div(other, rounding_mode=rounding_mode)
+  true_divide = divide
+  def clamp_min(self, min) -> Tensor: return self.clip(min, None)
+  def clamp_max(self, max) -> Tensor: return self.clip(None, max)
+  def signbit(self) -> Tensor:
+    """True for negative numbers, -0.0 included (its sign bit: 1 / -0.0 is -inf)."""
+    if not self.dtype.is_float: return self < 0
+    return (self < 0) | ((self == 0) & ((1 / self) < 0))
+  def copysign(self, other) -> Tensor:
+    x, y = self._broadcasted(other, "copysign")
+    # y's gradient is 0, but it has one, as in PyTorch
+    return y.signbit().detach().where(-x._float().abs(), x._float().abs()) + y._float()._graph_zeros()
+  def fmod(self, other) -> Tensor:
+    """C's fmod: the remainder with the dividend's sign (% follows Python's, the divisor's sign)."""
+    x, y = self._broadcasted(other, "fmod")
+    return x - (x.div(y, rounding_mode="trunc") if not x.dtype.is_float else (x / y).trunc().detach()) * y
+  def xlogy(self, other) -> Tensor:
+    """x * log(y), 0 where x is 0 (even for y = 0), NaN where y is."""
+    x, y = self._broadcasted(other, "xlogy")
+    x, y = x._float(), y._float()
+    zero = ((x == 0) & y.isnan().logical_not()).detach()
+    return zero.where(0, x * zero.where(1, y).log())
+  def logit(self, eps: float | None = None) -> Tensor:
+    x = self._float() if eps is None else self._float().clip(eps, 1 - eps)
+    return (x / (1 - x)).log()
+  def heaviside(self, values) -> Tensor: return (self == 0).where(values, (self > 0).cast(self.dtype)).cast(self.dtype)
+  def cross(self, other: Tensor, dim: int = -1) -> Tensor:
+    """The cross product of 3-vectors along dim."""
+    dim = self._axis(dim, "cross")
+    if self.shape != other.shape or self.shape[dim] != 3:
+      raise ValueError(f"cross: need two tensors of one shape with size 3 in dim {dim}, got {_shape_str(self.shape)} and {_shape_str(other.shape)}")
+    a, b = self.split(1, dim), other.split(1, dim)
+    return Tensor.cat(a[1] * b[2] - a[2] * b[1], a[2] * b[0] - a[0] * b[2], a[0] * b[1] - a[1] * b[0], dim=dim)
+  def diff(self, n: int = 1, dim: int = -1) -> Tensor:
+    dim = self._axis(dim, "diff")
+    x = self
+    for _ in range(n):
+      size = x.shape[dim]
+      x = x._slice_dim(dim, 1, max(size, 1)) - x._slice_dim(dim, 0, max(size - 1, 0))
+    return x
+  def count_nonzero(self, dim=None) -> Tensor: return (self != 0).sum(dim)
+  def nansum(self, dim=None, keepdim: bool = False) -> Tensor: return self.isnan().where(0, self).cast(self.dtype).sum(dim, keepdim)
+  def nanmean(self, dim=None, keepdim: bool = False) -> Tensor:
+    return self.nansum(dim, keepdim) / self.isnan().logical_not().sum(dim, keepdim)
+  def var_mean(self, dim=None, keepdim: bool = False, correction: int = 1) -> tuple[Tensor, Tensor]:
+    return self.var(dim, keepdim, correction), self.mean(dim, keepdim)
+  def std_mean(self, dim=None, keepdim: bool = False, correction: int = 1) -> tuple[Tensor, Tensor]:
+    return self.std(dim, keepdim, correction), self.mean(dim, keepdim)
+  def softmin(self, axis: int = -1, dim: int | None = None) -> Tensor: return (-self).softmax(axis if dim is None else dim)
+  def fliplr(self) -> Tensor: return self.flip(1)
+  def flipud(self) -> Tensor: return self.flip(0)
+  def rot90(self, k: int = 1, dims=(0, 1)) -> Tensor:
+    d0, d1 = self._axis(dims[0], "rot90"), self._axis(dims[1], "rot90")
+    if d0 == d1: raise ValueError(f"rot90: dims {dims} must differ")
+    k %= 4
+    if k == 0: return self
+    if k == 2: return self.flip(d0, d1)
+    return self.flip(d1).transpose(d0, d1) if k == 1 else self.transpose(d0, d1).flip(d1)
+  def reshape_as(self, other: Tensor) -> Tensor: return self.reshape(other.shape)
+  def unbind(self, dim: int = 0) -> tuple[Tensor, ...]:
+    dim = self._axis(dim, "unbind")
+    return tuple(self._slice_dim(dim, i, i + 1).squeeze(dim) for i in range(self.shape[dim]))
+  def select(self, dim: int, index: int) -> Tensor:
+    dim = self._axis(dim, "select")
+    if not -self.shape[dim] <= index < self.shape[dim]:
+      raise IndexError(f"select: index {index} out of range for dim {dim} of shape {_shape_str(self.shape)}")
+    return self[(slice(None),) * dim + (index,)]
+  def take_along_dim(self, indices: Tensor, dim: int) -> Tensor: return self.gather(dim, indices)
+  def scatter_add(self, dim: int, index: Tensor, src: Tensor) -> Tensor: return self.scatter(dim, index, src, reduce="add")
+  def new_empty(self, *size, dtype=None) -> Tensor: return Tensor.empty(*argfix(*size), dtype=dtype or self.dtype, device=self.device)
+  def short(self) -> Tensor: return self.cast(dtypes.int16)
+  def byte(self) -> Tensor: return self.cast(dtypes.uint8)
+  def char(self) -> Tensor: return self.cast(dtypes.int8)
+  def interpolate(self, size=None, scale_factor=None, mode: str = "nearest", align_corners: bool | None = None) -> Tensor:
+    from tinychad.nn.functional import interpolate
+    return interpolate(self, size, scale_factor, mode, align_corners)
+  # in-place initialisers (torch.nn.init's building blocks)
+  def uniform_(self, low: float = 0.0, high: float = 1.0) -> Tensor:
+    return self.assign(Tensor.uniform(*self.shape, low=low, high=high, dtype=self.dtype, device=self.device))
+  def normal_(self, mean: float = 0.0, std: float = 1.0) -> Tensor:
+    return self.assign(Tensor.normal(*self.shape, mean=mean, std=std, dtype=self.dtype, device=self.device))
+  def tril_(self, diagonal: int = 0) -> Tensor: return self.assign(self.tril(diagonal))
+  def triu_(self, diagonal: int = 0) -> Tensor: return self.assign(self.triu(diagonal))
+  def exp_(self) -> Tensor: return self.assign(self.exp())
+  @staticmethod
+  def randperm(n: int, dtype=None, device=None) -> Tensor:
+    if n < 0: raise ValueError(f"randperm: n must not be negative, got {n}")
+    return Tensor(Tensor._rng.permutation(n), dtype=dtype or dtypes.int64, device=device)
+  # data-dependent shapes: the mask or values are read on the host (a realize), as the output's size depends on them
+  def nonzero(self, as_tuple: bool = False):
+    """The indices of the nonzero elements, one row each (torch.nonzero), or one index tensor per dim (as_tuple)."""
+    found = np.nonzero(self.numpy().reshape(self.shape))
+    if as_tuple: return tuple(Tensor(i.astype(np.int64), device=self.device) for i in found)
+    return Tensor(np.stack(found, 1).astype(np.int64).reshape(-1, self.ndim), device=self.device)
+  argwhere = nonzero
+  def masked_select(self, mask: Tensor) -> Tensor:
+    """The elements where mask is True, flattened; a gather at host-found positions, so the gradient flows back."""
+    mask = mask if isinstance(mask, Tensor) else Tensor(mask)
+    if mask.dtype != dtypes.bool: raise TypeError(f"masked_select: mask must be bool, got {mask.dtype}")
+    shape = _broadcast_shape(self.shape, mask.shape, "masked_select")
+    positions = np.flatnonzero(mask.expand(shape).numpy())
+    return self.expand(shape).flatten()[Tensor(positions.astype(np.int64), device=self.device)]
+  def unique(self, sorted: bool = True, return_inverse: bool = False, return_counts: bool = False, dim: int | None = None):
+    """torch.unique of the flattened tensor (dim=None), always sorted; no gradient (it picks values)."""
+    if dim is not None: raise NotImplementedError("unique: dim= is not supported; unique of the flattened tensor only")
+    values, inverse, counts = np.unique(self.numpy().reshape(-1), return_inverse=True, return_counts=True)
+    out = [Tensor(values, dtype=self.dtype, device=self.device)]
+    if return_inverse: out.append(Tensor(inverse.reshape(self.shape).astype(np.int64), device=self.device))
+    if return_counts: out.append(Tensor(counts.astype(np.int64), device=self.device))
+    return out[0] if len(out) == 1 else tuple(out)
+
   # pooling with PyTorch's 1-d names and tinygrad's loss names (nn/functional.py)
   def max_pool1d(self, kernel_size=2, stride=None, padding=0, dilation=1, ceil_mode: bool = False, return_indices: bool = False):
     from tinychad.nn.functional import max_pool
