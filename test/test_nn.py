@@ -295,6 +295,19 @@ LAYERS = [
   (lambda: nn.Upsample(size=(7, 9), mode="bilinear", align_corners=True),
    lambda: torch.nn.Upsample(size=(7, 9), mode="bilinear", align_corners=True), (2, 3, 4, 5)),
   (lambda: nn.PixelShuffle(2), lambda: torch.nn.PixelShuffle(2), (2, 8, 3, 4)),
+  (lambda: nn.MaxPool2d(3, 2, 1, ceil_mode=True), lambda: torch.nn.MaxPool2d(3, 2, 1, ceil_mode=True), (2, 3, 6, 7)),
+  (lambda: nn.AvgPool2d(2, ceil_mode=True), lambda: torch.nn.AvgPool2d(2, ceil_mode=True), (2, 3, 5, 7)),
+  (lambda: nn.MaxPool1d(2, ceil_mode=True), lambda: torch.nn.MaxPool1d(2, ceil_mode=True), (2, 3, 7)),
+  (lambda: nn.AvgPool1d(3, 2, 1), lambda: torch.nn.AvgPool1d(3, 2, 1), (2, 3, 7)),
+  (lambda: nn.Unfold(2, padding=1), lambda: torch.nn.Unfold(2, padding=1), (2, 3, 4, 5)),
+  (lambda: nn.ReLU6(), lambda: torch.nn.ReLU6(), (3, 5)),
+  (lambda: nn.ELU(0.5), lambda: torch.nn.ELU(0.5), (3, 5)),
+  (lambda: nn.Softplus(2.0), lambda: torch.nn.Softplus(2.0), (3, 5)),
+  (lambda: nn.Mish(), lambda: torch.nn.Mish(), (3, 5)),
+  (lambda: nn.Hardswish(), lambda: torch.nn.Hardswish(), (3, 5)),
+  (lambda: nn.LogSigmoid(), lambda: torch.nn.LogSigmoid(), (3, 5)),
+  (lambda: nn.Softsign(), lambda: torch.nn.Softsign(), (3, 5)),
+  (lambda: nn.GLU(), lambda: torch.nn.GLU(), (3, 6)),
 ]
 
 
@@ -421,3 +434,11 @@ def test_train_eval_per_module():
     assert not fresh.training
   finally:
     Tensor.training = previous
+
+
+def test_maxpool_return_indices_module():
+  x = randn(2, 3, 6, 7)
+  values, indices = nn.MaxPool2d(2, return_indices=True)(Tensor(x))
+  want_values, want_indices = torch.nn.MaxPool2d(2, return_indices=True)(torch.tensor(x))
+  np.testing.assert_array_equal(values.numpy(), want_values.numpy())
+  np.testing.assert_array_equal(indices.numpy(), want_indices.numpy())

@@ -381,6 +381,8 @@ class Sequential(Module, list):
 from tinychad.nn.layers import (AdaptiveAvgPool2d, AvgPool2d, ConvTranspose1d, Flatten, GELU, Identity, LeakyReLU,  # noqa: E402
                                 LogSoftmax, MaxPool2d, PixelShuffle, ReLU, Sigmoid, SiLU, Softmax, Tanh,
                                 Unflatten, Upsample)
+from tinychad.nn.layers import (AvgPool1d, ELU, GLU, Hardswish, LogSigmoid, MaxPool1d, Mish, ReLU6, Softplus,  # noqa: E402
+                                Softsign, Unfold)
 
 
 def _activation(activation: str | Callable) -> Callable[[Tensor], Tensor]:

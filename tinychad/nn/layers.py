@@ -52,6 +52,44 @@ class LogSoftmax(Softmax):
   def forward(self, x: Tensor) -> Tensor: return x.log_softmax(self.dim)
 
 
+class ReLU6(Module):
+  def __init__(self, inplace: bool = False): pass
+  def forward(self, x: Tensor) -> Tensor: return x.relu6()
+
+
+class ELU(Module):
+  def __init__(self, alpha: float = 1.0, inplace: bool = False): self.alpha = alpha
+  def forward(self, x: Tensor) -> Tensor: return x.elu(self.alpha)
+
+
+class Softplus(Module):
+  def __init__(self, beta: float = 1.0, threshold: float = 20.0): self.beta, self.threshold = beta, threshold
+  def forward(self, x: Tensor) -> Tensor: return x.softplus(self.beta, self.threshold)
+
+
+class Mish(Module):
+  def __init__(self, inplace: bool = False): pass
+  def forward(self, x: Tensor) -> Tensor: return x.mish()
+
+
+class Hardswish(Module):
+  def __init__(self, inplace: bool = False): pass
+  def forward(self, x: Tensor) -> Tensor: return x.hardswish()
+
+
+class LogSigmoid(Module):
+  def forward(self, x: Tensor) -> Tensor: return x.logsigmoid()
+
+
+class Softsign(Module):
+  def forward(self, x: Tensor) -> Tensor: return x.softsign()
+
+
+class GLU(Module):
+  def __init__(self, dim: int = -1): self.dim = dim
+  def forward(self, x: Tensor) -> Tensor: return F.glu(x, self.dim)
+
+
 class Identity(Module):
   def __init__(self, *args, **kwargs): pass
   def forward(self, x: Tensor) -> Tensor: return x
@@ -82,23 +120,36 @@ class Upsample(Module):
 
 
 # ---- pooling ----
-def _unsupported(op: str, **flags: bool) -> None:
-  for name, value in flags.items():
-    if value: raise NotImplementedError(f"{op}: {name}=True is not supported yet")
-
-
 class MaxPool2d(Module):
+  """return_indices=True returns (values, flat indices into each input's H*W), as PyTorch's."""
+  n = 2
   def __init__(self, kernel_size, stride=None, padding=0, dilation=1, return_indices: bool = False, ceil_mode: bool = False):
-    _unsupported("MaxPool2d", return_indices=return_indices, ceil_mode=ceil_mode)
     self.kernel_size, self.stride, self.padding, self.dilation = kernel_size, stride, padding, dilation
-  def forward(self, x: Tensor) -> Tensor: return x.max_pool2d(self.kernel_size, self.stride, self.padding, self.dilation)
+    self.return_indices, self.ceil_mode = return_indices, ceil_mode
+  def forward(self, x: Tensor):
+    return F.max_pool(x, self.kernel_size, self.stride, self.padding, self.dilation, self.n, self.ceil_mode, self.return_indices)
+
+
+class MaxPool1d(MaxPool2d): n = 1
 
 
 class AvgPool2d(Module):
+  n = 2
   def __init__(self, kernel_size, stride=None, padding=0, ceil_mode: bool = False, count_include_pad: bool = True):
-    _unsupported("AvgPool2d", ceil_mode=ceil_mode)
     self.kernel_size, self.stride, self.padding, self.count_include_pad = kernel_size, stride, padding, count_include_pad
-  def forward(self, x: Tensor) -> Tensor: return x.avg_pool2d(self.kernel_size, self.stride, self.padding, self.count_include_pad)
+    self.ceil_mode = ceil_mode
+  def forward(self, x: Tensor) -> Tensor:
+    return F.avg_pool(x, self.kernel_size, self.stride, self.padding, self.count_include_pad, self.n, self.ceil_mode)
+
+
+class AvgPool1d(AvgPool2d): n = 1
+
+
+class Unfold(Module):
+  """im2col: (N, C, H, W) -> (N, C * kh * kw, L), F.unfold."""
+  def __init__(self, kernel_size, dilation=1, padding=0, stride=1):
+    self.kernel_size, self.dilation, self.padding, self.stride = kernel_size, dilation, padding, stride
+  def forward(self, x: Tensor) -> Tensor: return F.unfold(x, self.kernel_size, self.dilation, self.padding, self.stride)
 
 
 class AdaptiveAvgPool2d(Module):
