@@ -1523,6 +1523,42 @@ class Tensor:
     if return_counts: out.append(Tensor(counts.astype(np.int64), device=self.device))
     return out[0] if len(out) == 1 else tuple(out)
 
+  # tinygrad's: initialisers, pad/shrink to a shape, in-place replacement
+  @staticmethod
+  def kaiming_normal(*shape, a: float = 0.01, dtype=None, device=None, requires_grad=None) -> Tensor:
+    """PyTorch's kaiming_normal_ with leaky_relu gain: std = gain / sqrt(fan_in)."""
+    shape = argfix(*shape)
+    std = math.sqrt(2.0 / (1 + a ** 2) / prod(shape[1:]))
+    return Tensor.normal(*shape, mean=0.0, std=std, dtype=dtype, device=device, requires_grad=requires_grad)
+  @staticmethod
+  def scaled_uniform(*shape, dtype=None, device=None, requires_grad=None) -> Tensor:
+    """Uniform in [-1, 1) / sqrt(numel)."""
+    shape = argfix(*shape)
+    bound = prod(shape) ** -0.5
+    return Tensor.uniform(*shape, low=-bound, high=bound, dtype=dtype, device=device, requires_grad=requires_grad)
+  def pad_to(self, *shape, value: float = 0.0) -> Tensor:
+    """Pad at the end of each dim up to `shape` (None keeps a dim)."""
+    shape = argfix(*shape)
+    if len(shape) != self.ndim or any(n is not None and n < s for n, s in zip(shape, self.shape)):
+      raise ValueError(f"pad_to: can't pad shape {_shape_str(self.shape)} to {shape}")
+    return self.pad(tuple((0, 0 if n is None else n - s) for n, s in zip(shape, self.shape)), value=value)
+  def shrink_to(self, *shape) -> Tensor:
+    """Keep the start of each dim, `shape` long (None keeps a dim)."""
+    shape = argfix(*shape)
+    if len(shape) != self.ndim: raise ValueError(f"shrink_to: {len(shape)} sizes for shape {_shape_str(self.shape)}")
+    return self.shrink(tuple(None if n is None else (0, n) for n in shape))
+  def normalize(self, p: float = 2.0, dim: int = 1, eps: float = 1e-12) -> Tensor:
+    return self / self.norm(p, dim, keepdim=True).maximum(eps)
+  def const_like(self, value: Scalar, dtype=None) -> Tensor: return self.full_like(value, dtype=dtype)
+  def replace(self, x: Tensor) -> Tensor:
+    """This tensor takes x's data (dtype and device too; the shape must match), outside autograd."""
+    if x.shape != self.shape: raise ValueError(f"replace: shape {_shape_str(x.shape)} does not match {_shape_str(self.shape)}")
+    self.lazydata = x.lazydata
+    return self
+  def to_(self, device: str) -> Tensor:
+    if self.grad is not None: self.grad.replace(self.grad.to(device))
+    return self.replace(self.to(device))
+
   # pooling with PyTorch's 1-d names and tinygrad's loss names (nn/functional.py)
   def max_pool1d(self, kernel_size=2, stride=None, padding=0, dilation=1, ceil_mode: bool = False, return_indices: bool = False):
     from tinychad.nn.functional import max_pool
