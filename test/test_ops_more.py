@@ -295,3 +295,15 @@ def test_tinygrad_initialisers_and_shape_helpers():
   assert Tensor.scaled_uniform(4, 4).abs().max().item() <= 0.25
   y = Tensor([1.0, 2.0])
   assert y.replace(Tensor([5, 6])).dtype == dtypes.int64 and y.tolist() == [5, 6]   # the dtype comes with the data
+
+
+def test_uint8_labels_and_out_of_range_comparisons():
+  # an int outside the dtype's range is compared exactly (it used to overflow: uint8 targets != ignore_index -100)
+  u = Tensor(np.array([0, 156, 255], np.uint8))
+  np.testing.assert_array_equal((u != -100).numpy(), [True, True, True])
+  np.testing.assert_array_equal((u == 356).numpy(), [False, False, False])
+  np.testing.assert_array_equal((u < 300).numpy(), [True, True, True])
+  np.testing.assert_array_equal((u >= -1).numpy(), [True, True, True])
+  labels = np.array([3, 255], np.uint8)
+  helper_test_op([(2, 300)], lambda x: TF.cross_entropy(x, torch.tensor(labels.astype(np.int64))),
+                 lambda x: x.cross_entropy(Tensor(labels)), atol=1e-6)

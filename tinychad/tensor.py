@@ -822,7 +822,13 @@ class Tensor:
     return F.Where.apply(cond.cast(dtypes.bool).expand(shape), x.expand(shape), y.expand(shape))
 
   def _compare(self, other, op: BinaryOps, name: str, reverse: bool = False) -> Tensor:
-    x, y = self._broadcasted(other, name, reverse)
+    try:
+      x, y = self._broadcasted(other, name, reverse)
+    except OverflowError:
+      # an int outside an integer dtype's range (uint8 labels != -100): compared exactly in int64, as numpy does,
+      # where casting it to the tensor's dtype would wrap it around (or raise)
+      if self.dtype.category != 1 or self.dtype == dtypes.int64: raise
+      x, y = self.cast(dtypes.int64)._broadcasted(other, name, reverse)
     return F.NoGradBinary.apply(x, y, op=op)
   def __lt__(self, other) -> Tensor: return self._compare(other, BinaryOps.CMPLT, "lt")
   def __gt__(self, other) -> Tensor: return self._compare(other, BinaryOps.CMPLT, "gt", reverse=True)
