@@ -147,6 +147,8 @@ def test_resize_and_shuffle_errors():
   with raises(ValueError, "interpolate", "exactly one"): F.interpolate(x)
   with raises(ValueError, "interpolate", "size", "0"): F.interpolate(x, size=(0, 2))
   with raises(ValueError, "interpolate", "scale_factor"): F.interpolate(x, scale_factor=-1.0)
+  with raises(ValueError, "interpolate", "mode", "cubic"): F.interpolate(x, size=4, mode="cubic")
+  with raises(ValueError, "interpolate", "align_corners"): F.interpolate(x, size=4, mode="area", align_corners=True)
   with raises(ValueError, "adaptive_avg_pool2d", "output_size"): F.adaptive_avg_pool2d(x, 0)
 
 

@@ -307,3 +307,14 @@ def test_uint8_labels_and_out_of_range_comparisons():
   labels = np.array([3, 255], np.uint8)
   helper_test_op([(2, 300)], lambda x: TF.cross_entropy(x, torch.tensor(labels.astype(np.int64))),
                  lambda x: x.cross_entropy(Tensor(labels)), atol=1e-6)
+
+
+@pytest.mark.parametrize("kwargs, shape", [
+  (dict(size=(6, 10), mode="nearest-exact"), (2, 3, 5, 7)), (dict(scale_factor=0.6, mode="nearest-exact"), (2, 3, 5, 7)),
+  (dict(size=(9, 4), mode="bicubic"), (2, 3, 5, 7)), (dict(size=(9, 4), mode="bicubic", align_corners=True), (2, 3, 5, 7)),
+  (dict(scale_factor=1.5, mode="bicubic"), (1, 2, 5, 7)), (dict(size=(3, 2), mode="area"), (2, 3, 5, 7)),
+  (dict(size=(7, 12), mode="area"), (1, 2, 5, 7)), (dict(size=(4, 5, 7), mode="trilinear"), (1, 2, 3, 4, 5)),
+  (dict(scale_factor=2, mode="trilinear", align_corners=True), (1, 2, 3, 4, 5)),
+], ids=str)
+def test_interpolate_more_modes(kwargs, shape):
+  helper_test_op([shape], lambda x: TF.interpolate(x, **kwargs), lambda x: F.interpolate(x, **kwargs), atol=3e-6, rtol=1e-5)

@@ -491,11 +491,27 @@ def _resize_matrix(size_in: int, size_out: int, mode: str, align_corners: bool |
   m = np.zeros((size_in, size_out), dtype=np.float64)
   ratio = 1 / scale if scale else size_in / size_out
   j = np.arange(size_out)
-  if mode == "nearest":
-    m[np.minimum(np.floor(j * ratio).astype(np.int64), size_in - 1), j] = 1
+  if mode in ("nearest", "nearest-exact"):
+    # nearest-exact reads the source pixel whose centre is nearest, nearest (the old rule) its left edge
+    src = (j + 0.5) * ratio if mode == "nearest-exact" else j * ratio
+    m[np.minimum(np.floor(src).astype(np.int64), size_in - 1), j] = 1
+    return m
+  if mode == "area":   # adaptive average pooling: output j averages inputs [floor(j in/out), ceil((j+1) in/out))
+    for k in range(size_out):
+      start, end = (k * size_in) // size_out, -(-((k + 1) * size_in) // size_out)
+      m[start:end, k] = 1 / (end - start)
     return m
   if align_corners: src = j * ((size_in - 1) / (size_out - 1) if size_out > 1 else 0.0)
-  else: src = np.maximum((j + 0.5) * ratio - 0.5, 0)
+  else: src = (j + 0.5) * ratio - 0.5
+  if mode == "bicubic":
+    # Keys' cubic convolution with PyTorch's A = -0.75 over 4 taps, the taps clamped to the border
+    a, base = -0.75, np.floor(src)
+    t = src - base
+    weights = [((a * (t + 1) - 5 * a) * (t + 1) + 8 * a) * (t + 1) - 4 * a, ((a + 2) * t - (a + 3)) * t * t + 1,
+               ((a + 2) * (1 - t) - (a + 3)) * (1 - t) * (1 - t) + 1, ((a * (2 - t) - 5 * a) * (2 - t) + 8 * a) * (2 - t) - 4 * a]
+    for k, w in enumerate(weights): np.add.at(m, (np.clip(base.astype(np.int64) - 1 + k, 0, size_in - 1), j), w)
+    return m
+  src = np.maximum(src, 0)
   lo = np.minimum(np.floor(src).astype(np.int64), size_in - 1)
   hi = np.minimum(lo + 1, size_in - 1)
   frac = src - lo
@@ -504,13 +520,18 @@ def _resize_matrix(size_in: int, size_out: int, mode: str, align_corners: bool |
   return m
 
 
+RESIZE_MODES = ("nearest", "nearest-exact", "linear", "bilinear", "trilinear", "bicubic", "area")
+
+
 def interpolate(x: Tensor, size=None, scale_factor=None, mode: str = "nearest", align_corners: bool | None = None) -> Tensor:
-  """Resize the spatial dims (all dims after N, C): nearest, or linear / bilinear with align_corners either way.
+  """Resize the spatial dims (all dims after N, C): nearest, nearest-exact, area (adaptive average), or linear /
+  bilinear / trilinear / bicubic with align_corners either way (linear modes interpolate every spatial dim).
   Each dim is a matmul with a fixed weight matrix, so the gradient is the transposed matmul."""
   n = x.ndim - 2
   if n < 1: raise ValueError(f"interpolate: input {_shape_str(x.shape)} needs (N, C, *spatial) dims")
-  if mode not in ("nearest", "linear", "bilinear"): raise NotImplementedError(f"interpolate: mode {mode!r} is not supported")
-  if mode == "nearest" and align_corners is not None: raise ValueError("interpolate: align_corners only goes with linear modes")
+  if mode not in RESIZE_MODES: raise ValueError(f"interpolate: mode must be one of {RESIZE_MODES}, got {mode!r}")
+  if mode in ("nearest", "nearest-exact", "area") and align_corners is not None:
+    raise ValueError("interpolate: align_corners only goes with the linear and cubic modes")
   if (size is None) == (scale_factor is None): raise ValueError("interpolate: give exactly one of size and scale_factor")
   spatial = x.shape[2:]
   scales = (None,) * n if scale_factor is None else _float_tuple(scale_factor, n)
