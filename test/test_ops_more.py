@@ -318,3 +318,28 @@ def test_uint8_labels_and_out_of_range_comparisons():
 ], ids=str)
 def test_interpolate_more_modes(kwargs, shape):
   helper_test_op([shape], lambda x: TF.interpolate(x, **kwargs), lambda x: F.interpolate(x, **kwargs), atol=3e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name, torch_fn, tinychad_fn, shape", [
+  ("adaptive_avg_pool1d", lambda x: TF.adaptive_avg_pool1d(x, 3), lambda x: F.adaptive_avg_pool1d(x, 3), (2, 3, 7)),
+  ("adaptive_max_pool2d", lambda x: TF.adaptive_max_pool2d(x, (2, 3)), lambda x: F.adaptive_max_pool2d(x, (2, 3)), (2, 3, 5, 7)),
+  ("adaptive_max_pool2d_up", lambda x: TF.adaptive_max_pool2d(x, 6), lambda x: F.adaptive_max_pool2d(x, 6), (1, 2, 5, 4)),
+  ("pixel_unshuffle", lambda x: TF.pixel_unshuffle(x, 2), lambda x: F.pixel_unshuffle(x, 2), (2, 3, 4, 6)),
+  ("group_norm", lambda x: TF.group_norm(x, 2, torch.linspace(0.5, 1.5, 4), torch.linspace(-1, 1, 4)),
+   lambda x: F.group_norm(x, 2, Tensor.linspace(0.5, 1.5, 4), Tensor.linspace(-1, 1, 4)), (2, 4, 3, 5)),
+  ("rms_norm", lambda x: TF.rms_norm(x, (5,), torch.linspace(0.5, 1.5, 5)), lambda x: F.rms_norm(x, (5,), Tensor.linspace(0.5, 1.5, 5)), (3, 5)),
+  ("batch_norm_eval", lambda x: TF.batch_norm(x, torch.linspace(-1, 1, 3), torch.linspace(0.5, 2, 3)),
+   lambda x: F.batch_norm(x, Tensor.linspace(-1, 1, 3), Tensor.linspace(0.5, 2, 3)), (4, 3, 5)),
+], ids=lambda v: v if isinstance(v, str) else "")
+def test_functional_more(name, torch_fn, tinychad_fn, shape):
+  helper_test_op([shape], torch_fn, tinychad_fn, atol=1e-5, rtol=1e-5)
+
+
+def test_batch_norm_training_updates_running_stats():
+  x = np.random.default_rng(4).standard_normal((6, 3, 4)).astype(np.float32)
+  torch_mean, torch_var = torch.zeros(3), torch.ones(3)
+  mean, var = Tensor.zeros(3), Tensor.ones(3)
+  helper_test_op([x], lambda t: TF.batch_norm(t, torch_mean, torch_var, training=True, momentum=0.2),
+                 lambda t: F.batch_norm(t, mean, var, training=True, momentum=0.2), atol=1e-5, rtol=1e-5)
+  np.testing.assert_allclose(mean.numpy(), torch_mean.numpy(), atol=1e-6)
+  np.testing.assert_allclose(var.numpy(), torch_var.numpy(), atol=1e-6)

@@ -570,3 +570,78 @@ def adaptive_avg_pool2d(x: Tensor, output_size) -> Tensor:
       m[lo:hi, j] = 1 / (hi - lo)
     out = out.transpose(axis, -1).matmul(Tensor(m.astype(out.dtype.np), device=x.device, requires_grad=False)).transpose(axis, -1)
   return out
+
+
+def adaptive_avg_pool1d(x: Tensor, output_size: int) -> Tensor:
+  if x.ndim not in (2, 3): raise ValueError(f"adaptive_avg_pool1d: expected a 2-d or 3-d input, got {_shape_str(x.shape)}")
+  return adaptive_avg_pool2d(x.unsqueeze(-2), (1, output_size)).squeeze(-2)
+
+
+def adaptive_max_pool2d(x: Tensor, output_size) -> Tensor:
+  """The max over PyTorch's adaptive windows (as adaptive_avg_pool2d's), dim by dim: a max is separable. Each dim
+  compares every input with every output cell's window (in x out terms)."""
+  if x.ndim not in (3, 4): raise ValueError(f"adaptive_max_pool2d: expected a 3-d or 4-d input, got {_shape_str(x.shape)}")
+  sizes = (output_size,) * 2 if isinstance(output_size, int) or output_size is None else tuple(output_size)
+  if len(sizes) != 2: raise ValueError(f"adaptive_max_pool2d: output_size must be an int or 2 ints, got {output_size}")
+  fill = -math.inf if x.dtype.is_float else int(np.iinfo(x.dtype.np).min)
+  out = x
+  for axis, size_out in zip((-2, -1), sizes):
+    size_in = x.shape[axis]
+    size_out = size_in if size_out is None else size_out
+    if size_out <= 0 or size_in <= 0: raise ValueError(f"adaptive_max_pool2d: input {_shape_str(x.shape)} to output_size {output_size}")
+    inside = np.zeros((size_in, size_out), dtype=bool)
+    for j in range(size_out): inside[(j * size_in) // size_out:-((-(j + 1) * size_in) // size_out), j] = True
+    moved = out.transpose(axis, -1).unsqueeze(-1)   # (..., size_in, 1)
+    out = Tensor(inside, device=x.device).where(moved, fill).cast(x.dtype).max(-2).transpose(axis, -1)
+  return out
+
+
+def pixel_unshuffle(x: Tensor, downscale_factor: int) -> Tensor:
+  """(..., C, H*r, W*r) -> (..., C*r*r, H, W): pixel_shuffle undone."""
+  r = downscale_factor
+  if not isinstance(r, int) or r <= 0: raise ValueError(f"pixel_unshuffle: downscale_factor must be a positive int, got {r!r}")
+  if x.ndim < 3 or x.shape[-1] % r or x.shape[-2] % r:
+    raise ValueError(f"pixel_unshuffle: input {_shape_str(x.shape)} needs H and W divisible by {r}")
+  *lead, c, h, w = x.shape
+  n = len(lead)
+  x = x.reshape(*lead, c, h // r, r, w // r, r).permute(*range(n), n, n + 2, n + 4, n + 1, n + 3)
+  return x.reshape(*lead, c * r * r, h // r, w // r)
+
+
+def _channel_shape(x: Tensor) -> tuple[int, ...]: return (1, -1) + (1,) * (x.ndim - 2)
+
+
+def group_norm(x: Tensor, num_groups: int, weight: Tensor | None = None, bias: Tensor | None = None, eps: float = 1e-5) -> Tensor:
+  if x.ndim < 2 or num_groups <= 0 or x.shape[1] % num_groups:
+    raise ValueError(f"group_norm: input {_shape_str(x.shape)} needs a channel dim (1) divisible by num_groups {num_groups}")
+  out = x.reshape(x.shape[0], num_groups, -1).layernorm(-1, eps).reshape(x.shape)
+  if weight is not None: out = out * weight.reshape(_channel_shape(x))
+  return out + bias.reshape(_channel_shape(x)) if bias is not None else out
+
+
+def rms_norm(x: Tensor, normalized_shape, weight: Tensor | None = None, eps: float | None = None) -> Tensor:
+  """x / sqrt(mean(x^2) + eps) over the last dims; eps=None is the dtype's machine epsilon, as PyTorch's."""
+  shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+  if len(shape) > x.ndim or x.shape[x.ndim - len(shape):] != shape:
+    raise ValueError(f"rms_norm: normalized_shape {shape} doesn't match the last dims of input {_shape_str(x.shape)}")
+  eps = float(np.finfo(x.dtype.np).eps) if eps is None else eps
+  out = x * (x.square().mean(tuple(range(-len(shape), 0)), keepdim=True) + eps).rsqrt()
+  return out * weight if weight is not None else out
+
+
+def batch_norm(x: Tensor, running_mean: Tensor | None, running_var: Tensor | None, weight: Tensor | None = None,
+               bias: Tensor | None = None, training: bool = False, momentum: float = 0.1, eps: float = 1e-5) -> Tensor:
+  """PyTorch's F.batch_norm over dim 1: batch statistics when training (the running ones, if given, move toward
+  them by `momentum`, the variance unbiased, as PyTorch's), else the running statistics."""
+  if x.ndim < 2: raise ValueError(f"batch_norm: expected an input of at least 2 dims, got {_shape_str(x.shape)}")
+  axes = tuple(d for d in range(x.ndim) if d != 1)
+  if training:
+    mean, var = x.mean(axes), x.var(axes, correction=0)
+    if running_mean is not None and running_var is not None:
+      count = x.numel() // x.shape[1]
+      running_mean.assign((1 - momentum) * running_mean + momentum * mean.detach())
+      running_var.assign((1 - momentum) * running_var + momentum * var.detach() * (count / max(count - 1, 1)))
+  else:
+    if running_mean is None or running_var is None: raise ValueError("batch_norm: training=False needs running_mean and running_var")
+    mean, var = running_mean, running_var
+  return x.batchnorm(weight, bias, mean, (var + eps).rsqrt())
