@@ -1,4 +1,5 @@
-"""Neural-network functions built from Tensor ops: convolutions, pooling, einsum, losses, attention.
+"""Neural-network functions built from Tensor ops: convolutions, pooling (ceil_mode, indices, adaptive), im2col, einsum,
+losses (PyTorch's and tinygrad's names), normalisations, resizing, attention, and PyTorch's functional activation names.
 
 in: Tensors (PyTorch's layouts: NCHW activations, (out, in/groups, kh, kw) conv weights)
 out: Tensors. Arguments are checked here, at the user's call; a convolution and a transposed one are
