@@ -84,7 +84,9 @@ def _scalar_state(roots: list, depth: int = 2) -> tuple:
       found.append((path, obj))
       return
     if level == 0 or id(obj) in seen or _is_tensor(obj): return
-    if isinstance(obj, (LazyBuffer, Buffer, types.ModuleType, type, types.FunctionType)): return
+    # a TinyJit is no value a kernel bakes in, and its own call count changes every call: a jitted `step`
+    # that calls `opt.step()` finds itself under the global name `step`, and must still replay
+    if isinstance(obj, (LazyBuffer, Buffer, types.ModuleType, type, types.FunctionType, TinyJit)): return
     seen.add(id(obj))
     if isinstance(obj, (list, tuple)):
       for i, item in enumerate(obj[:64]): visit(item, f"{path}[{i}]", level - 1)
@@ -138,8 +140,10 @@ class TinyJit:
     state = _scalar_state(self._roots(args, kwargs))
     if self.recording is not None and key == self.key and state == self.state:
       return self._replay(tensors)
-    if self.recording is not None or (self.key is not None and (key != self.key or state != self.state)):
-      self.reset()
+    # new shapes, or a changed value that a recording baked in, start over; a value that changed before
+    # anything was recorded (a first step that filled in an optimizer's momentum) is only what call 2 records,
+    # so a training step replays from its third call
+    if self.recording is not None or (self.key is not None and key != self.key): self.reset()
     self.calls += 1
     self.key, self.state = key, state
     if self.calls >= 2: return self._record(tensors, args, kwargs)
