@@ -12,8 +12,9 @@ from engine/realize.py's capture().
 State: a tensor updated with `assign()` inside the function (parameters, optimizer moments) is
 rebound to its freshly written buffer after each replay, so training steps work. A Python value the
 function reads (say `optimizer.lr`) is baked into the kernels as a constant: the JIT snapshots the
-plain numbers reachable from the function's arguments, closure and globals, and records afresh when
-one changes rather than replaying a stale value.
+plain numbers reachable from the function's arguments, closure and globals (not through a TinyJit: a
+jitted `step` that calls `opt.step()` sees itself among its globals), and records afresh when one
+changes rather than replaying a stale value.
 """
 from __future__ import annotations
 import functools
