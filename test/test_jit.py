@@ -2,6 +2,7 @@
 from __future__ import annotations
 import itertools
 import numpy as np
+import pytest
 from tinychad import Tensor, TinyJit, GlobalCounters
 from tinychad.nn import Linear
 from tinychad.nn.optim import SGD
@@ -130,3 +131,59 @@ def test_a_submodule_switched_to_eval_recaptures():
   net.head.train()
   expected = net(x).numpy()
   for _ in range(3): np.testing.assert_allclose(forward(x).numpy(), expected, rtol=1e-6)
+
+
+# a module of its own for each jitted function: the bug needed the function's global name (`step`) to be
+# an attribute it reads too (`opt.step()`), so that the JIT saw itself among the values it watches
+STEP_MODULE = """
+@TinyJit
+def {name}(x, y):
+  note_run(1)
+  loss = l2(l1(x).relu()).cross_entropy(y)
+  opt.zero_grad()
+  loss.backward()
+  opt.{method}()
+  return loss
+"""
+
+
+def jitted_step(name: str, method: str = "step"):
+  l1, l2 = make_model(2)
+  opt = SGD([l1.weight, l1.bias, l2.weight, l2.bias], lr=0.1, momentum=0.9)
+  body_runs: list = []
+  # the body counts its runs through a bound method (which the JIT's snapshot doesn't look into), not
+  # through the list itself, whose growing length would be a changed value
+  namespace = {"TinyJit": TinyJit, "l1": l1, "l2": l2, "opt": opt, "note_run": body_runs.append, "body_runs": body_runs}
+  exec(STEP_MODULE.format(name=name, method=method), namespace)
+  return namespace[name], namespace
+
+
+@pytest.mark.parametrize("name", ["step", "train_step", "forward"])
+def test_function_named_like_what_it_calls_replays(name):
+  fn, namespace = jitted_step(name)
+  assert namespace[name] is fn and fn.__wrapped__.__globals__ is namespace
+  x, y = Tensor.randn(6, 12).realize(), Tensor(np.array([0, 1, 2, 0, 1, 2]))
+  kernels = []
+  for _ in range(5):
+    GlobalCounters.reset()
+    fn(x, y).numpy()
+    kernels.append(GlobalCounters.kernel_count)
+  # calls 1 and 2 run the Python body (compile, record) and schedule kernels; from call 3 on, replays
+  # schedule none (their kernels run without the scheduler's counting), and the body doesn't run
+  assert kernels[0] > 0 and kernels[1] > 0 and kernels[2:] == [0, 0, 0], kernels
+  assert len(namespace["body_runs"]) == 2
+  # a Python value the function reads through its globals changes: it records afresh, then replays
+  namespace["opt"].lr = 0.05
+  for _ in range(3): fn(x, y)
+  assert len(namespace["body_runs"]) == 4
+
+
+@pytest.mark.parametrize("name", ["step", "train_step", "forward"])
+def test_replayed_named_step_trains_like_plain_python(name):
+  x, y = Tensor.randn(6, 12).realize(), Tensor(np.array([0, 1, 2, 0, 1, 2]))
+  fn, namespace = jitted_step(name)
+  jitted = [fn(x, y).item() for _ in range(6)]
+  plain_fn, plain_namespace = jitted_step(name)
+  plain = [plain_fn.fn(x, y).item() for _ in range(6)]
+  np.testing.assert_allclose(jitted, plain, rtol=1e-6)
+  np.testing.assert_allclose(namespace["l1"].weight.numpy(), plain_namespace["l1"].weight.numpy(), rtol=1e-6)

@@ -11,8 +11,20 @@ from typing import BinaryIO, Callable, Hashable, Iterable, Iterator, TypeVar
 T = TypeVar("T", bound=Hashable)
 
 
+# os.getenv encodes the key and decodes the value through os.environ's Mapping methods (~0.7 us); the
+# engine reads its flags (DEBUG, NOOPT, GRAPH, PORT) on every realize, so on POSIX read the bytes dict
+# os.environ keeps instead: os.environ's setters (monkeypatch.setenv too) update it, so it is never stale
+_ENVIRON_BYTES: dict | None = getattr(os.environ, "_data", None) if os.name == "posix" else None
+
+
+def _raw_env(key: str) -> str | None:
+  if _ENVIRON_BYTES is None: return os.getenv(key)
+  value = _ENVIRON_BYTES.get(key.encode())
+  return None if value is None else os.fsdecode(value)
+
+
 def getenv(key: str, default=0):
-  value = os.getenv(key)
+  value = _raw_env(key)
   if value is None: return default
   return type(default)(value) if not isinstance(default, bool) else value not in ("0", "", "false", "False")
 
@@ -41,20 +53,24 @@ def inverse_permutation(order: tuple[int, ...]) -> tuple[int, ...]:
   return tuple(inverse)
 
 
-class GlobalCounters:
-  """What realizes have run since the last reset: kernels, floating point ops, bytes moved, seconds."""
-  kernel_count: int = 0
-  global_ops: int = 0
-  global_mem: int = 0
-  time_sum_s: float = 0.0
-  # memory, kept by device.py's Buffers (reset() leaves these: they are state, not counts of work):
-  mem_used: int = 0       # bytes held by live buffers (tinygrad's name; tinychad.memory_allocated())
-  mem_peak: int = 0       # the most mem_used has been since the last tinychad.reset_peak_memory_stats()
+class _Counters:
+  """What realizes have run since the last reset: kernels, floating point ops, bytes moved, seconds; and
+  the memory device.py's Buffers hold (reset() leaves those: they are state, not counts of work).
+  One instance, GlobalCounters: every kernel run adds to four counters, and setting an attribute of an
+  instance with slots costs a fifth of setting a class attribute (which invalidates the type's caches)."""
+  __slots__ = ("kernel_count", "global_ops", "global_mem", "time_sum_s", "mem_used", "mem_peak")
 
-  @staticmethod
-  def reset() -> None:
-    GlobalCounters.kernel_count = GlobalCounters.global_ops = GlobalCounters.global_mem = 0
-    GlobalCounters.time_sum_s = 0.0
+  def __init__(self):
+    self.mem_used = 0       # bytes held by live buffers (tinygrad's name; tinychad.memory_allocated())
+    self.mem_peak = 0       # the most mem_used has been since the last tinychad.reset_peak_memory_stats()
+    self.reset()
+
+  def reset(self) -> None:
+    self.kernel_count = self.global_ops = self.global_mem = 0
+    self.time_sum_s = 0.0
+
+
+GlobalCounters = _Counters()
 
 
 def toposort(roots: Iterable[T], children: Callable[[T], Iterable[T]]) -> list[T]:

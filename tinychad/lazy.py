@@ -181,7 +181,7 @@ def _shared_layout(inputs: tuple[LazyBuffer, ...]) -> tuple[int, ...] | None:
   same in any order, so they don't vote."""
   order = None
   for x in inputs:
-    base = x.base
+    base = x._base if x._base is not None else x
     if base.op is LoadOps.CONST and base.realized is None: continue
     st = x.st
     # a contiguous input (the common case, checked first: this runs for every op) means natural order

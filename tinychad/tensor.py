@@ -550,9 +550,11 @@ class Tensor:
   # ---- broadcasting and type promotion for binary ops ----
   def _broadcasted(self, other, op: str, reverse: bool = False) -> tuple[Tensor, Tensor]:
     x: Tensor = self
-    if isinstance(other, Tensor) and other.dtype == x.dtype and other.shape == x.shape and other.device == x.device:
-      return (other, x) if reverse else (x, other)
     if isinstance(other, Tensor):
+      # the common case, two tensors alike, read straight off their LazyBuffers (no property calls)
+      mine, theirs = x.lazydata, other.lazydata
+      if theirs.dtype is mine.dtype and theirs.shape == mine.shape and theirs.device == mine.device:
+        return (other, x) if reverse else (x, other)
       y = other
       if y.device != x.device: raise ValueError(f"{op}: tensors are on different devices {x.device} and {y.device}")
       if y.dtype == x.dtype: dtype = x.dtype
@@ -728,7 +730,7 @@ class Tensor:
   # ---- binary ops ----
   def add(self, other, reverse: bool = False) -> Tensor:
     x, y = self._broadcasted(other, "add", reverse)
-    if x.dtype == dtypes.bool: return x | y
+    if x.lazydata.dtype is dtypes.bool: return x | y
     return F.Add.apply(x, y)
   def sub(self, other, reverse: bool = False) -> Tensor:
     x, y = self._broadcasted(other, "sub", reverse)

@@ -197,14 +197,21 @@ class ShapeTracker:
   def from_shape(shape: Shape) -> ShapeTracker:
     return _contiguous_tracker(tuple(shape))
 
-  @property
-  def shape(self) -> Shape: return self.views[-1].shape
+  def __post_init__(self):
+    # every LazyBuffer made reads its tracker's shape: a plain attribute, not a property call
+    object.__setattr__(self, "shape", self.views[-1].shape)
 
   @property
   def size(self) -> int: return prod(self.shape)
 
   @property
-  def contiguous(self) -> bool: return len(self.views) == 1 and self.views[0].contiguous
+  def contiguous(self) -> bool:
+    # asked for every input of every recorded op: worked out once per tracker, as View.contiguous is
+    cached = self.__dict__.get("_contiguous")
+    if cached is None:
+      cached = len(self.views) == 1 and self.views[0].contiguous
+      object.__setattr__(self, "_contiguous", cached)
+    return cached
 
   @property
   def has_mask(self) -> bool: return any(v.mask is not None for v in self.views)

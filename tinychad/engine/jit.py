@@ -12,8 +12,9 @@ from engine/realize.py's capture().
 State: a tensor updated with `assign()` inside the function (parameters, optimizer moments) is
 rebound to its freshly written buffer after each replay, so training steps work. A Python value the
 function reads (say `optimizer.lr`) is baked into the kernels as a constant: the JIT snapshots the
-plain numbers reachable from the function's arguments, closure and globals, and records afresh when
-one changes rather than replaying a stale value.
+plain numbers reachable from the function's arguments, closure and globals (not through a TinyJit: a
+jitted `step` that calls `opt.step()` sees itself among its globals), and records afresh when one
+changes rather than replaying a stale value.
 """
 from __future__ import annotations
 import functools
@@ -84,7 +85,9 @@ def _scalar_state(roots: list, depth: int = 2) -> tuple:
       found.append((path, obj))
       return
     if level == 0 or id(obj) in seen or _is_tensor(obj): return
-    if isinstance(obj, (LazyBuffer, Buffer, types.ModuleType, type, types.FunctionType)): return
+    # a TinyJit is no value a kernel bakes in, and its own call count changes every call: a jitted `step`
+    # that calls `opt.step()` finds itself under the global name `step`, and must still replay
+    if isinstance(obj, (LazyBuffer, Buffer, types.ModuleType, type, types.FunctionType, TinyJit)): return
     seen.add(id(obj))
     # a module's train/eval flags, its submodules' at any depth included (nn.Module: modules() and _training);
     # the shallow walk below would miss a dropout three modules down switched by `body.eval()`
@@ -142,8 +145,10 @@ class TinyJit:
     state = _scalar_state(self._roots(args, kwargs))
     if self.recording is not None and key == self.key and state == self.state:
       return self._replay(tensors)
-    if self.recording is not None or (self.key is not None and (key != self.key or state != self.state)):
-      self.reset()
+    # new shapes, or a changed value that a recording baked in, start over; a value that changed before
+    # anything was recorded (a first step that filled in an optimizer's momentum) is only what call 2 records,
+    # so a training step replays from its third call
+    if self.recording is not None or (self.key is not None and key != self.key): self.reset()
     self.calls += 1
     self.key, self.state = key, state
     if self.calls >= 2: return self._record(tensors, args, kwargs)

@@ -51,7 +51,9 @@ def realize(outs: list[LazyBuffer]) -> None:
   """Schedule and run: the one entry point (Tensor.realize, Tensor.numpy, TinyJit use it)."""
   # a view of a computed buffer is never copied, so already-computed outputs leave nothing to do
   # (TinyJit realizes its inputs on every call)
-  if all(out.base.realized is not None for out in outs): return
+  for out in outs:
+    if out.base.realized is None: break
+  else: return
   items = create_schedule(outs)
   if getenv("GRAPH", 0):
     from tinychad.viz import save_graphs
@@ -68,29 +70,31 @@ def run_schedule(items: list[ScheduleItem]) -> None:
   compile_s: dict[tuple, float] = {}
   building = 0.0
   for index, item in enumerate(items):
-    out = item.output
+    out, ast = item.output, item.ast
     buf = Buffer(out.device, out.size, out.dtype).allocate()
-    if item.ast.op is LoadOps.COPY:
+    if ast.op is LoadOps.COPY:
       buf.copyin(item.inputs[0].realized.as_numpy())
       for steps in _captures: steps.append((None, [buf, item.inputs[0].realized]))
     elif item.is_kernel and out.size > 0:
       device = Device[out.device]
-      program = device.programs.get((item.ast, item.name))
+      info = item.info
+      program = device.programs.get((ast, info[0]))
       if program is None:
         # the first kernel not loaded yet: build it with every other new one of the schedule (at
         # DEBUG>=3 alone, so that its tree, IR and source print together)
         t0 = time.perf_counter()
         compile_s.update(build(items[index:] if debug < 3 else [item]))
         building += time.perf_counter() - t0
-        program = device.programs[(item.ast, item.name)]
-      bufs = [buf] + [i.realized for i in item.inputs]
+        program = device.programs[(ast, info[0])]
+      bufs = [buf]
+      for i in item.inputs: bufs.append(i.realized)
       t0 = time.perf_counter()
-      device.run(program, bufs, item.points)
+      device.run(program, bufs, info[3])
       elapsed = time.perf_counter() - t0
       for steps in _captures: steps.append((item, bufs))
       kernels += 1
-      _count(item, elapsed)
-      if debug >= 2: _print_kernel(item, elapsed, compile_s.get((item.ast, item.name)))
+      _count(info, elapsed)
+      if debug >= 2: _print_kernel(item, elapsed, compile_s.get((ast, info[0])))
     out.realized, out.srcs = buf, ()
   if debug >= 1 and items:
     elapsed = time.perf_counter() - start
@@ -113,8 +117,9 @@ def _print_kernel(item: ScheduleItem, run_s: float, compile_s: float | None) -> 
   print(f"  kernel {GlobalCounters.kernel_count:4d} {item.name:30s} {item.output.device:6s} {run_s*1e6:9.1f} us{built}")
 
 
-def _count(item: ScheduleItem, elapsed: float) -> None:
-  _, _, op_count, points, moved = item.info
+def _count(info: tuple, elapsed: float) -> None:
+  """GlobalCounters for one kernel run, from its ScheduleItem.info."""
+  _, _, op_count, points, moved = info
   GlobalCounters.kernel_count += 1
   GlobalCounters.global_ops += op_count * points
   GlobalCounters.global_mem += moved
