@@ -43,13 +43,24 @@ def _mul(a: LazyBuffer, b: LazyBuffer) -> LazyBuffer: return a.e(BinaryOps.MUL, 
 def _where(cond: LazyBuffer, a: LazyBuffer, b: LazyBuffer) -> LazyBuffer: return cond.e(TernaryOps.WHERE, a, b)
 
 
-def _sigmoid(x: LazyBuffer) -> LazyBuffer:
-  one = x.const_like(1)
-  return one.e(BinaryOps.DIV, _add(one, _mul(x, x.const_like(-1 / math.log(2))).e(UnaryOps.EXP2)))
+class _Constants:
+  """Constant LazyBuffers by (value, shape), made once per forward or backward instead of once per use:
+  a time step reads the same few constants at the same shapes, and each made costs two LazyBuffers."""
+  def __init__(self): self.made: dict[tuple[float, tuple[int, ...]], LazyBuffer] = {}
+
+  def __call__(self, value: float, like: LazyBuffer) -> LazyBuffer:
+    key = (value, like.shape)
+    if key not in self.made: self.made[key] = like.const_like(value)
+    return self.made[key]
 
 
-def _tanh(x: LazyBuffer) -> LazyBuffer:
-  return _sub(_mul(_sigmoid(_mul(x, x.const_like(2))), x.const_like(2)), x.const_like(1))
+def _sigmoid(x: LazyBuffer, const: _Constants) -> LazyBuffer:
+  one = const(1, x)
+  return one.e(BinaryOps.DIV, _add(one, _mul(x, const(-1 / math.log(2), x)).e(UnaryOps.EXP2)))
+
+
+def _tanh(x: LazyBuffer, const: _Constants) -> LazyBuffer:
+  return _sub(_mul(_sigmoid(_mul(x, const(2, x)), const), const(2, x)), const(1, x))
 
 
 def _matmul_t(a: LazyBuffer, b: LazyBuffer) -> LazyBuffer:
@@ -82,18 +93,19 @@ class LSTMRecurrence(Function):
     steps, n, gates = xproj.shape
     hidden = gates // 4
     self.w_hh = w_hh
+    const = _Constants()
     # m - 1 of the module docstring: 1 on the g gate's quarter of the gate axis, 0 elsewhere
     g_quarter = LazyBuffer.full(1.0, (n, hidden), xproj.dtype, xproj.device).pad(((0, 0), (2 * hidden, hidden)))
-    m = _add(g_quarter, g_quarter.const_like(1))
+    m = _add(g_quarter, const(1, g_quarter))
     state = cat([c0.reshape((n, 1, hidden)), h0.reshape((n, 1, hidden))], 1)
     is_h = _one_slot(state, 1, 2, True)
     self.acts, self.states = [], [state]
     for t in range(steps):
       h = state.shrink(((0, n), (1, 2), (0, hidden))).reshape((n, hidden))
       z = _add(xproj.shrink(((t, t + 1), (0, n), (0, gates))).reshape((n, gates)), _matmul_t(h, w_hh))
-      act = _sub(_mul(m, _sigmoid(_mul(m, z))), g_quarter).reshape((n, 4, hidden))
+      act = _sub(_mul(m, _sigmoid(_mul(m, z), const)), g_quarter).reshape((n, 4, hidden))
       c = _add(_mul(_slot(act, 1, 2), _slot(state, 0, 2)), _mul(_slot(act, 0, 2), _slot(act, 2, 2)))
-      state = _where(is_h, _mul(_slot(act, 3, 2), _tanh(c)), c)
+      state = _where(is_h, _mul(_slot(act, 3, 2), _tanh(c, const)), c)
       self.acts.append(act)
       self.states.append(state)
     self.stacked = cat([s.reshape((1, n, 2, hidden)) for s in self.states], 0)
@@ -102,10 +114,11 @@ class LSTMRecurrence(Function):
   def backward(self, grad: LazyBuffer):
     steps, (n, _, hidden) = len(self.acts), self.states[0].shape
     w_hh_t = self.w_hh.permute((1, 0))
+    const = _Constants()
     dstate = [grad.shrink(((t, t + 1), (0, n), (0, 2), (0, hidden))).reshape((n, 2, hidden)) for t in range(steps + 1)]
     like = self.states[0].reshape((n, 1, hidden)).expand((n, 5, hidden))
     slot = [_one_slot(like, k, 5, True) for k in range(5)]
-    m = _add(_one_slot(like, 2, 5, 1.0), like.const_like(1))
+    m = _add(_one_slot(like, 2, 5, 1.0), const(1, like))
     derivative_scale = _mul(m, m)
     dgates: list[LazyBuffer] = []
     dgc: LazyBuffer | None = None    # the later step's (N, 5, H): its gates' gradients and dc
@@ -114,8 +127,8 @@ class LSTMRecurrence(Function):
       dh = dstate[t].shrink(((0, n), (1, 2), (0, hidden))).reshape((n, hidden))
       if dgc is not None: dh = _add(dh, _matmul_t(dgates[-1], w_hh_t))
       dh5 = dh.reshape((n, 1, hidden)).expand((n, 5, hidden))
-      tanh_c = _tanh(_slot(state, 0, 5))
-      one = tanh_c.const_like(1)
+      tanh_c = _tanh(_slot(state, 0, 5), const)
+      one = const(1, tanh_c)
       dc = _add(_slot(dstate[t], 0, 5), _mul(_mul(dh5, _slot(act, 3, 5)), _sub(one, _mul(tanh_c, tanh_c))))
       if dgc is not None: dc = _add(dc, _mul(_slot(dgc, 4, 5), _slot(self.acts[t], 1, 5)))
       partner = _where(slot[0], _slot(act, 2, 5), _where(slot[1], _slot(self.states[t - 1], 0, 5), _slot(act, 0, 5)))
