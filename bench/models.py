@@ -12,8 +12,11 @@ built twice from the same text: with torch.nn and with tinychad.nn (what porting
 change). The tinychad worker first loads the torch twin's weights (state dicts, by name) and checks
 that one output agrees, then times. A worker process per variant (tinychad eager, tinychad TinyJit,
 torch, tinygrad): the tinychad eager worker starts with an empty kernel cache, so its first call is the
-compile time; the TinyJit worker reuses that cache. --quick: small sizes and 2 timed calls (the smoke
-test in test/test_bench.py).
+compile time; the TinyJit worker runs after it, over that cache. Each workload: the first call, one
+warm-up call (TinyJit records on its second call), then the median of 3 timed calls (1 for generation).
+--parallel runs the four workers at once (for a busy machine); --quick: small models and
+2 timed calls (its smoke test: test/test_bench_models.py). tinygrad runs the tiny-ops row only: the
+models use nn layers tinygrad 0.14 lacks (Module, LSTM, TransformerEncoderLayer), each row says which.
 """
 from __future__ import annotations
 import argparse
@@ -35,7 +38,7 @@ from bench.common import REPO_ROOT, describe, limit_threads, unavailable_reason,
 
 THREADS = 2
 VARIANTS = ("tinychad eager", "tinychad TinyJit", "torch eager", "tinygrad")
-WORKER_TIMEOUT_S = 900
+WORKER_TIMEOUT_S = 3000
 # torch's TransformerEncoder warns that norm_first layers take its plain path: the path a tinychad user ports
 warnings.filterwarnings("ignore", message="enable_nested_tensor is True")
 # one output of the tinychad model against its torch twin: float32 through up to ~20 layers
@@ -180,8 +183,8 @@ class Workload:
   unit: str                 # "ms" (lower is better) or "tok/s"
   amount: float             # tokens per call for tok/s
   build: Callable[[SimpleNamespace, bool], Run]
-  repeats: int = 5
-  tinygrad_reason: str = "not ported to tinygrad in this bench"
+  repeats: int = 3
+  tinygrad_reason: str = "not ported: tinygrad.nn has no Module, Sequential, ModuleList, MaxPool2d nor GELU layer"
 
 
 def _inputs(lib: SimpleNamespace, *arrays):
@@ -316,13 +319,13 @@ def workloads(quick: bool) -> list[Workload]:
     Workload(f"ResNet-18 train step (SGD momentum), batch {batch}, 3x{size}x{size}", "ms", 0, resnet_train),
     Workload(f"GPT {gpt['layers']}L d{gpt['dim']} {gpt['heads']}h train step (AdamW), batch {2 if quick else 8} x T {16 if quick else 128}",
              "ms", 0, gpt_train),
-    Workload(f"GPT generation, prompt {prompt_len}, {new_tokens} new tokens, KV cache by concatenation, batch 1",
-             "tok/s", new_tokens, gpt_generate, repeats=3),
     Workload(f"LSTM LM 2L hidden {32 if quick else 256} train step (SGD momentum), T {8 if quick else 64}, batch {2 if quick else 16}",
-             "ms", 0, lstm_train, tinygrad_reason="tinygrad has no nn.LSTM"),
+             "ms", 0, lstm_train, tinygrad_reason="tinygrad.nn has no LSTM (LSTMCell only)"),
     Workload(f"ViT {1 if quick else 6}L d{48 if quick else 192} 3h train step (AdamW), 32x32 patch 4, batch {2 if quick else 16}",
-             "ms", 0, vit_train, tinygrad_reason="tinygrad has no nn.TransformerEncoderLayer"),
+             "ms", 0, vit_train, tinygrad_reason="tinygrad.nn has no TransformerEncoderLayer"),
     Workload(f"{OPS} tiny realized ops (a+b, 4 floats; bench/small_ops.py)", "ms", 0, tiny_ops, tinygrad_reason=""),
+    Workload(f"GPT generation, prompt {prompt_len}, {new_tokens} new tokens, KV cache by concatenation, batch 1",
+             "tok/s", new_tokens, gpt_generate, repeats=1),
   ]
 
 
@@ -380,20 +383,27 @@ def run_variant(variant: str, quick: bool, names: list[str] | None = None) -> li
 
 # ---- parent: a worker per variant, then the table ----
 
-def run_worker_process(variant: str, quick: bool, cache_dir: str) -> dict[str, dict]:
+def start_worker(variant: str, quick: bool, cache_dir: str) -> subprocess.Popen | dict[str, dict]:
+  """The worker process of one variant, started; or, when its library can't run here, every row's reason."""
   lib_name = variant.split()[0]
   reason = unavailable_reason(lib_name)
   if reason: return {w.name: {"error": reason} for w in workloads(quick)}
   cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", variant] + (["--quick"] if quick else [])
-  start = time.perf_counter()
+  return subprocess.Popen(cmd, env=worker_env(lib_name, THREADS, cache_dir), cwd=REPO_ROOT, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True)
+
+
+def collect(variant: str, proc: subprocess.Popen | dict[str, dict], quick: bool, started: float) -> dict[str, dict]:
+  """The worker's reports by workload name (a row it never reported: why, from its stderr)."""
+  if isinstance(proc, dict): return proc
   try:
-    proc = subprocess.run(cmd, env=worker_env(lib_name, THREADS, cache_dir), cwd=REPO_ROOT, capture_output=True,
-                          text=True, timeout=WORKER_TIMEOUT_S)
-    stdout, failure = proc.stdout, ((proc.stderr.strip().splitlines() or ["no output"])[-1] if proc.returncode else "")
-  except subprocess.TimeoutExpired as e:
-    stdout = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+    stdout, stderr = proc.communicate(timeout=max(1.0, WORKER_TIMEOUT_S - (time.perf_counter() - started)))
+    failure = (stderr.strip().splitlines() or ["no output"])[-1] if proc.returncode else ""
+  except subprocess.TimeoutExpired:
+    proc.kill()
+    stdout, _ = proc.communicate()
     failure = f"timed out after {WORKER_TIMEOUT_S} s"
-  print(f"[bench] models {variant}: {time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
+  print(f"[bench] models {variant}: {time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
   reports = {}
   for line in stdout.splitlines():
     if line.startswith("BENCH "):
@@ -401,6 +411,23 @@ def run_worker_process(variant: str, quick: bool, cache_dir: str) -> dict[str, d
       reports[report["case"]] = report
   for w in workloads(quick): reports.setdefault(w.name, {"error": f"worker died: {failure[:160]}"})
   return reports
+
+
+def run_all(quick: bool, parallel: bool) -> dict[str, dict[str, dict]]:
+  """Every variant's reports. The tinychad eager worker runs over an empty kernel cache (its first calls
+  compile), then the TinyJit worker over the cache it filled. With `parallel` (a shared machine where one
+  at a time would not finish) all four run at once, TinyJit over an empty cache of its own."""
+  caches = [tempfile.mkdtemp(prefix="tinychad-bench-cache-") for _ in range(2)]
+  results: dict[str, dict[str, dict]] = {}
+  try:
+    groups = [list(VARIANTS)] if parallel else [[v] for v in VARIANTS]
+    for group in groups:
+      started = {variant: (start_worker(variant, quick, caches[parallel and variant == "tinychad TinyJit"]), time.perf_counter())
+                 for variant in group}
+      for variant, (proc, t0) in started.items(): results[variant] = collect(variant, proc, quick, t0)
+  finally:
+    for cache in caches: shutil.rmtree(cache, ignore_errors=True)
+  return results
 
 
 def format_table(quick: bool, results: dict[str, dict[str, dict]]) -> str:
@@ -439,22 +466,20 @@ def format_table(quick: bool, results: dict[str, dict[str, dict]]) -> str:
 def main(argv: list[str] | None = None) -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--quick", action="store_true", help="small models, 2 timed calls (a smoke test)")
+  parser.add_argument("--parallel", action="store_true",
+                      help="every variant at once (a busy machine: faster, but the timings then overlap)")
   parser.add_argument("--worker", choices=VARIANTS, help=argparse.SUPPRESS)
   args = parser.parse_args(argv)
   if args.worker:
     for report in run_variant(args.worker, args.quick): print("BENCH " + json.dumps(report), flush=True)
     return
   start = time.perf_counter()
-  cache_dir = tempfile.mkdtemp(prefix="tinychad-bench-cache-")
-  try:
-    # the eager worker runs first over an empty kernel cache (its first calls compile); TinyJit reuses it
-    results = {variant: run_worker_process(variant, args.quick, cache_dir) for variant in VARIANTS}
-  finally:
-    shutil.rmtree(cache_dir, ignore_errors=True)
+  results = run_all(args.quick, args.parallel)
   print(format_table(args.quick, results))
   print(f"\nms: lower is better; tok/s: higher is better. Ratios are times (> 1x: tinychad is slower). {THREADS} threads"
-        f" for every library; medians of {'2' if args.quick else 'up to 5'} calls after one warm-up, all in this run"
-        f" ({time.perf_counter() - start:.0f} s{', --quick: small models' if args.quick else ''}).")
+        f" for every library; medians of {'2' if args.quick else '3 (generation: 1)'} calls after one warm-up, all in this run"
+        f" ({time.perf_counter() - start:.0f} s{', --quick: small models' if args.quick else ''}"
+        f"{'; --parallel: the four workers ran at once' if args.parallel else ''}).")
 
 
 if __name__ == "__main__": main()

@@ -42,4 +42,4 @@ def test_table_has_every_variant_ratios_and_footnotes():
   header, _, first_row = table.splitlines()[:3]
   assert all(variant in header for variant in models.VARIANTS)
   assert "| 10.0 | 20.0 | 30.0 | n/a [1] | 1.0 | 0.33x | 0.67x | - |" in first_row   # eager, TinyJit, torch (ms)
-  assert "tinygrad has no nn.LSTM" in table and "1.0e-06" in table
+  assert "tinygrad.nn has no LSTM" in table and "1.0e-06" in table
