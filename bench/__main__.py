@@ -1,5 +1,5 @@
-"""`python -m bench [--quick] [--mnist] [--compilers]`: every workload, one table (then full MNIST training with --mnist, and the
-compiler comparison of bench/compilers.py with --compilers). Also the entry point of the worker processes."""
+"""`python -m bench [--quick] [--mnist] [--compilers] [--models]`: every workload, one table (then full MNIST training with --mnist,
+the compiler comparison of bench/compilers.py with --compilers, and the models table of bench/models.py with --models). Also the entry point of the worker processes."""
 from bench.common import main
 
 WORKLOADS = ["bench.matmul", "bench.elementwise", "bench.reduce_sum", "bench.softmax", "bench.conv",

@@ -95,6 +95,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                       help="then train the MNIST CNN in full with tinychad and PyTorch (bench/mnist.py; several minutes)")
   parser.add_argument("--compilers", action="store_true",
                       help="then time gcc, clang and llvmlite on a CNN step's and a GPT forward's kernels (bench/compilers.py; about a minute and a half)")
+  parser.add_argument("--models", action="store_true",
+                      help="then the models table of issue 22 (bench/models.py: ResNet-18, GPT, LSTM, ViT, eager and TinyJit; several minutes)")
   parser.add_argument("--worker", nargs=3, metavar=("MODULE", "LIBRARY", "THREADS"), help=argparse.SUPPRESS)
   return parser.parse_args(argv)
 
@@ -338,6 +340,10 @@ def main(module_names: list[str], argv: list[str] | None = None) -> None:
     # imported here: bench.mnist imports this module
     from bench import mnist
     mnist.main([])
+  if args.models:
+    # imported here: bench.models imports this module
+    from bench import models
+    models.main(["--quick"] if args.quick else [])
   if args.compilers:
     # imported here: bench.compilers imports this module
     from bench import compilers

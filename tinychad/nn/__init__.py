@@ -6,6 +6,7 @@ their items are named `layers.0.weight` as in PyTorch. Each layer's forward() do
 Train/eval is per module (nn/module.py has the rule and how it meets the global Tensor.training, which modules
 never switched follow); nn.train(model) / nn.eval(model) also work for a model that is a plain object.
 More layers with PyTorch's names (activations, pooling, reshaping, transformer) are in nn/layers.py.
+nn.LSTM and nn.LSTMCell are in nn/lstm.py.
 """
 from __future__ import annotations
 import math
@@ -229,90 +230,6 @@ class Dropout(Module):
   def forward(self, x: Tensor) -> Tensor: return x.dropout(self.p, self.training)
 
 
-class LSTMCell(Module):
-  """One LSTM step: (x (N, input_size), (h, c) (N, hidden_size)) -> (h', c'). Gates in PyTorch's order i, f, g, o;
-  weight_ih (4*hidden, input), weight_hh (4*hidden, hidden), all init uniform(+-1/sqrt(hidden))."""
-  def __init__(self, input_size: int, hidden_size: int, bias: bool = True):
-    self.input_size, self.hidden_size = input_size, hidden_size
-    bound = 1 / math.sqrt(hidden_size)
-    self.weight_ih = _uniform(4 * hidden_size, input_size, bound=bound)
-    self.weight_hh = _uniform(4 * hidden_size, hidden_size, bound=bound)
-    self.bias_ih = _uniform(4 * hidden_size, bound=bound) if bias else None
-    self.bias_hh = _uniform(4 * hidden_size, bound=bound) if bias else None
-
-  def forward(self, x: Tensor, hx: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor]:
-    unbatched = x.ndim == 1
-    if unbatched: x = x.unsqueeze(0)
-    if hx is None: hx = (Tensor.zeros(x.shape[0], self.hidden_size), Tensor.zeros(x.shape[0], self.hidden_size))
-    elif unbatched: hx = (hx[0].unsqueeze(0), hx[1].unsqueeze(0))
-    h, c = _lstm_step(x, hx[0], hx[1], self.weight_ih, self.weight_hh, self.bias_ih, self.bias_hh)
-    return (h.squeeze(0), c.squeeze(0)) if unbatched else (h, c)
-
-
-def _lstm_step(x: Tensor, h: Tensor, c: Tensor, w_ih: Tensor, w_hh: Tensor, b_ih: Tensor | None,
-               b_hh: Tensor | None) -> tuple[Tensor, Tensor]:
-  gates = F.linear(x, w_ih, b_ih) + F.linear(h, w_hh, b_hh)
-  i, f, g, o = gates.chunk(4, dim=1)
-  c = f.sigmoid() * c + i.sigmoid() * g.tanh()
-  return o.sigmoid() * c.tanh(), c
-
-
-class LSTM(Module):
-  """A stack of LSTM layers over a sequence, with PyTorch's parameter names (weight_ih_l0, ..., *_reverse).
-
-  x (L, N, input_size), or (N, L, input_size) with batch_first, or unbatched (L, input_size)
-  -> output (.., D*hidden_size) from the last layer, and (h_n, c_n) each (D*num_layers, N, hidden_size).
-  Between layers, dropout applies to the outputs while training, as in PyTorch.
-  """
-  def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1, bias: bool = True, batch_first: bool = False,
-               dropout: float = 0.0, bidirectional: bool = False):
-    self.input_size, self.hidden_size, self.num_layers, self.bias = input_size, hidden_size, num_layers, bias
-    self.batch_first, self.dropout, self.bidirectional = batch_first, dropout, bidirectional
-    bound = 1 / math.sqrt(hidden_size)
-    directions = 2 if bidirectional else 1
-    for layer in range(num_layers):
-      layer_input = input_size if layer == 0 else hidden_size * directions
-      for suffix in ("", "_reverse")[:directions]:
-        setattr(self, f"weight_ih_l{layer}{suffix}", _uniform(4 * hidden_size, layer_input, bound=bound))
-        setattr(self, f"weight_hh_l{layer}{suffix}", _uniform(4 * hidden_size, hidden_size, bound=bound))
-        if bias:
-          setattr(self, f"bias_ih_l{layer}{suffix}", _uniform(4 * hidden_size, bound=bound))
-          setattr(self, f"bias_hh_l{layer}{suffix}", _uniform(4 * hidden_size, bound=bound))
-
-  def _weights(self, name: str) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
-    return (getattr(self, f"weight_ih_{name}"), getattr(self, f"weight_hh_{name}"),
-            getattr(self, f"bias_ih_{name}", None), getattr(self, f"bias_hh_{name}", None))
-
-  def forward(self, x: Tensor, hx: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, tuple[Tensor, Tensor]]:
-    unbatched = x.ndim == 2
-    if unbatched: x = x.unsqueeze(1)
-    elif self.batch_first: x = x.transpose(0, 1)
-    if x.shape[-1] != self.input_size: raise ValueError(f"LSTM: input has {x.shape[-1]} features, expected {self.input_size}")
-    directions = 2 if self.bidirectional else 1
-    if hx is None:
-      zeros = Tensor.zeros(self.num_layers * directions, x.shape[1], self.hidden_size)
-      hx = (zeros, zeros)
-    elif unbatched: hx = (hx[0].unsqueeze(1), hx[1].unsqueeze(1))
-    h_n, c_n = [], []
-    for layer in range(self.num_layers):
-      outputs = []
-      for d, suffix in enumerate(("", "_reverse")[:directions]):
-        h, c = hx[0][layer * directions + d], hx[1][layer * directions + d]
-        steps = range(x.shape[0]) if d == 0 else reversed(range(x.shape[0]))
-        out: list[Tensor] = []
-        for t in steps:
-          h, c = _lstm_step(x[t], h, c, *self._weights(f"l{layer}{suffix}"))
-          out.append(h)
-        outputs.append(Tensor.stack(*(out if d == 0 else out[::-1])))
-        h_n.append(h)
-        c_n.append(c)
-      x = outputs[0] if directions == 1 else outputs[0].cat(outputs[1], dim=-1)
-      if self.dropout and layer < self.num_layers - 1: x = x.dropout(self.dropout, self.training)
-    h_n_t, c_n_t = Tensor.stack(*h_n), Tensor.stack(*c_n)
-    if unbatched: return x.squeeze(1), (h_n_t.squeeze(1), c_n_t.squeeze(1))
-    return (x.transpose(0, 1) if self.batch_first else x), (h_n_t, c_n_t)
-
-
 class MultiheadAttention(Module):
   """PyTorch's nn.MultiheadAttention (same-size query, key, value): in_proj_weight (3E, E) and in_proj_bias (3E)
   project q, k, v; out_proj is a Linear(E, E). Inputs (L, N, E), or (N, L, E) with batch_first.
@@ -378,6 +295,7 @@ class Sequential(Module, list):
     return x
 
 
+from tinychad.nn.lstm import LSTM, LSTMCell  # noqa: E402,F401 -- nn.LSTM, nn.LSTMCell
 from tinychad.nn.layers import (AdaptiveAvgPool2d, AvgPool2d, ConvTranspose1d, Flatten, GELU, Identity, LeakyReLU,  # noqa: E402
                                 LogSoftmax, MaxPool2d, PixelShuffle, ReLU, Sigmoid, SiLU, Softmax, Tanh,
                                 Unflatten, Upsample)
