@@ -11,7 +11,7 @@ import numpy as np
 import torch
 from safetensors.torch import save_file
 from tinychad import Tensor
-from tinychad.nn.state import load_safetensors
+from tinychad.nn.state import load_weights
 
 
 def torch_checkpoint(twin: torch.nn.Module, path) -> str:
@@ -22,7 +22,7 @@ def torch_checkpoint(twin: torch.nn.Module, path) -> str:
 
 def load_twin(model, twin: torch.nn.Module, path, **kwargs) -> None:
   """Copy twin's weights into model through a safetensors file, strictly by name."""
-  load_safetensors(model, torch_checkpoint(twin, path), **kwargs)
+  load_weights(model, torch_checkpoint(twin, path), **kwargs)
 
 
 def assert_close(got: np.ndarray, expected: np.ndarray, what: str, rtol: float = 2e-3, atol_scale: float = 2e-4) -> None:

@@ -167,3 +167,15 @@ def test_bad_input_is_a_clear_error():
   with pytest.raises(ValueError, match=r"ResNet: expected images \(N, 1, H, W\), got shape \(2, 3, 8, 8\)"):
     model(Tensor.zeros(2, 3, 8, 8))
   with pytest.raises(ValueError, match="layers must be 4"): ResNet(None, [2, 2])
+
+
+def test_weights_from_a_state_dict():
+  """weights= also takes an in-memory state dict (numpy arrays here, as torch's tensors turned .numpy())."""
+  torch.manual_seed(0)
+  twin = TResNet(TBasicBlock, [2, 2, 2, 2], num_classes=10, in_channels=1, width=8, small_input=True).eval()
+  model = resnet18(weights={k: v.numpy() for k, v in twin.state_dict().items()}, num_classes=10, in_channels=1, width=8,
+                   small_input=True).eval()
+  x = np.random.default_rng(0).standard_normal((2, 1, 12, 12)).astype(np.float32)
+  with torch.no_grad(): expected = twin(to_torch(x)).numpy()
+  assert_close(model(Tensor(x)).numpy(), expected, "logits", rtol=1e-4, atol_scale=1e-5)
+  with pytest.raises(TypeError, match="weights must be a .safetensors path or a state dict, got int"): resnet18(weights=3)

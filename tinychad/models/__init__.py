@@ -9,10 +9,10 @@ in: a config (or a builder's arguments) and optionally a weights file  ->  out: 
              encoder.layer.N.attention.self.query, ...), attention mask, mean pooling for sentence embeddings:
              BertModel(BertConfig.mini_lm()).encode(ids, mask)
 Loading weights: every model takes `weights=` a .safetensors file (PyTorch's safetensors.torch.save_file of the
-original model's state_dict, or tinychad's nn.state.safe_save), loaded strictly by name through
-nn.state.load_safetensors: one RuntimeError lists every missing, unexpected and mis-shaped name. PyTorch's
-.pt / .pth pickles are refused (loading a pickle can run code, and reading one needs torch): convert once
-with `safetensors.torch.save_file(torch.load(path), "model.safetensors")`.
+original model's state_dict, or tinychad's nn.state.safe_save) or an in-memory state dict ({name: Tensor or numpy
+array}), loaded strictly by name through nn.state.load_weights: one RuntimeError lists every missing, unexpected
+and mis-shaped name. PyTorch's .pt / .pth pickles are refused with a ValueError (loading a pickle can run code,
+and reading one needs torch): convert once with `safetensors.torch.save_file(torch.load(path), "model.safetensors")`.
 """
 from tinychad.models.resnet import ResNet, resnet18, resnet34, resnet50
 from tinychad.models.vit import ViT, ViTConfig

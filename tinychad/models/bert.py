@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from tinychad import nn
 from tinychad.dtype import dtypes
 from tinychad.nn import functional as F
-from tinychad.nn.state import load_safetensors
+from tinychad.nn.state import load_weights
 from tinychad.tensor import Tensor
 
 
@@ -143,7 +143,7 @@ def hf_name(name: str) -> str | None:
 
 class BertModel(nn.Module):
   """embeddings -> encoder (num_hidden_layers BertLayers) -> last hidden states; pooler and mean pooling on top."""
-  def __init__(self, config: BertConfig | None = None, weights: str | os.PathLike | None = None):
+  def __init__(self, config: BertConfig | None = None, weights: str | os.PathLike | dict | None = None):
     self.config = config = config or BertConfig()
     self.embeddings = BertEmbeddings(config)
     self.encoder = BertEncoder(config)
@@ -156,7 +156,7 @@ class BertModel(nn.Module):
     pad = config.pad_token_id
     words = self.embeddings.word_embeddings.weight
     words.assign((Tensor.arange(config.vocab_size).reshape(-1, 1) != pad).where(words, 0)).realize()
-    if weights is not None: load_safetensors(self, weights, rename=hf_name)
+    if weights is not None: load_weights(self, weights, rename=hf_name)
 
   def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, token_type_ids: Tensor | None = None) -> Tensor:
     if input_ids.ndim != 2 or input_ids.dtype.is_float:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import os
 from tinychad import nn
-from tinychad.nn.state import load_safetensors
+from tinychad.nn.state import load_weights
 from tinychad.tensor import Tensor
 
 
@@ -106,23 +106,24 @@ class ResNet(nn.Module):
     return self.fc(x.mean((2, 3)))   # global average pool (torchvision's AdaptiveAvgPool2d(1) + flatten)
 
 
-def _build(block, layers: list[int], weights: str | os.PathLike | None, **kwargs) -> ResNet:
+def _build(block, layers: list[int], weights: str | os.PathLike | dict | None, **kwargs) -> ResNet:
   model = ResNet(block, layers, **kwargs)
-  if weights is not None: load_safetensors(model, weights)
+  if weights is not None: load_weights(model, weights)
   return model
 
 
-def resnet18(weights: str | os.PathLike | None = None, **kwargs) -> ResNet:
-  """ResNet-18 (BasicBlock, [2, 2, 2, 2]). weights: a .safetensors file (torchvision names), loaded strictly.
+def resnet18(weights: str | os.PathLike | dict | None = None, **kwargs) -> ResNet:
+  """ResNet-18 (BasicBlock, [2, 2, 2, 2]). weights: a .safetensors file or a state dict with torchvision's names,
+  loaded strictly (nn.state.load_weights).
   kwargs: num_classes, in_channels, width, small_input (see ResNet)."""
   return _build(BasicBlock, [2, 2, 2, 2], weights, **kwargs)
 
 
-def resnet34(weights: str | os.PathLike | None = None, **kwargs) -> ResNet:
+def resnet34(weights: str | os.PathLike | dict | None = None, **kwargs) -> ResNet:
   """ResNet-34 (BasicBlock, [3, 4, 6, 3]); arguments as resnet18's."""
   return _build(BasicBlock, [3, 4, 6, 3], weights, **kwargs)
 
 
-def resnet50(weights: str | os.PathLike | None = None, **kwargs) -> ResNet:
+def resnet50(weights: str | os.PathLike | dict | None = None, **kwargs) -> ResNet:
   """ResNet-50 (Bottleneck, [3, 4, 6, 3]); arguments as resnet18's."""
   return _build(Bottleneck, [3, 4, 6, 3], weights, **kwargs)

@@ -17,7 +17,7 @@ import os
 from dataclasses import dataclass
 from tinychad import nn
 from tinychad.nn import functional as F
-from tinychad.nn.state import load_safetensors
+from tinychad.nn.state import load_weights
 from tinychad.tensor import Tensor
 
 
@@ -105,7 +105,7 @@ class Block(nn.Module):
 
 class ViT(nn.Module):
   """patch embedding + class token + positions -> blocks -> LayerNorm -> head on the class token."""
-  def __init__(self, config: ViTConfig | None = None, weights: str | os.PathLike | None = None):
+  def __init__(self, config: ViTConfig | None = None, weights: str | os.PathLike | dict | None = None):
     self.config = config = config or ViTConfig()
     self.patch_embed = PatchEmbed(config)
     # timm's init: small normals for the tokens and positions (ViT's own is trunc_normal(.02) for positions),
@@ -120,7 +120,7 @@ class ViT(nn.Module):
       if isinstance(module, nn.Linear):
         module.weight.assign(Tensor.normal(*module.weight.shape, std=0.02)).realize()
         module.bias.assign(Tensor.zeros(*module.bias.shape)).realize()
-    if weights is not None: load_safetensors(self, weights)
+    if weights is not None: load_weights(self, weights)
 
   def forward_features(self, x: Tensor) -> Tensor:
     """(N, C, H, W) images -> (N, 1 + patches, embed_dim) tokens after the final norm."""
