@@ -36,7 +36,8 @@ def assert_same_grads(model, twin: torch.nn.Module, **tol) -> int:
   """Every parameter of twin has a gradient equal to model's parameter of the same name; returns how many."""
   ours = dict(model.named_parameters())
   assert sorted(ours) == sorted(n for n, _ in twin.named_parameters()), "parameter names differ"
-  grads = {name: p.grad.numpy() if p.grad is not None else np.zeros(tuple(p.shape), np.float32) for name, p in twin.named_parameters()}
+  grads = {name: p.grad.numpy() if p.grad is not None else np.zeros(tuple(p.shape), np.float32)
+           for name, p in twin.named_parameters()}
   # a gradient that is zero in exact arithmetic (attention's key bias: softmax ignores a shift shared by a whole
   # row) is rounding noise in both; it must stay that small next to the model's largest gradient
   noise = 1e-6 * max(float(np.abs(g).max(initial=0.0)) for g in grads.values())

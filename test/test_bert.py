@@ -30,7 +30,8 @@ class TEmbeddings(tnn.Module):
 
   def forward(self, ids, types):
     positions = self.position_ids[:, :ids.shape[1]]
-    return self.LayerNorm(self.word_embeddings(ids) + self.token_type_embeddings(types) + self.position_embeddings(positions))
+    x = self.word_embeddings(ids) + self.token_type_embeddings(types) + self.position_embeddings(positions)
+    return self.LayerNorm(x)
 
 
 class TSelfAttention(tnn.Module):
@@ -145,8 +146,9 @@ def test_hugging_face_names():
   ours = {k: tuple(v.shape) for k, v in BertModel(BertConfig.base()).state_dict().items()}
   # bert-base-uncased's BertModel: 199 tensors (without position_ids), 109,482,240 parameters
   assert len(ours) == 199 and sum(int(np.prod(s)) for s in ours.values()) == 109_482_240
-  for name in ("embeddings.word_embeddings.weight", "embeddings.position_embeddings.weight", "embeddings.token_type_embeddings.weight",
-               "embeddings.LayerNorm.weight", "encoder.layer.11.attention.self.query.weight", "encoder.layer.0.attention.self.key.bias",
+  for name in ("embeddings.word_embeddings.weight", "embeddings.position_embeddings.weight",
+               "embeddings.token_type_embeddings.weight", "embeddings.LayerNorm.weight",
+               "encoder.layer.11.attention.self.query.weight", "encoder.layer.0.attention.self.key.bias",
                "encoder.layer.0.attention.self.value.weight", "encoder.layer.0.attention.output.dense.weight",
                "encoder.layer.0.attention.output.LayerNorm.bias", "encoder.layer.0.intermediate.dense.weight",
                "encoder.layer.0.output.dense.weight", "encoder.layer.0.output.LayerNorm.weight", "pooler.dense.weight"):
@@ -194,7 +196,9 @@ def test_adamw_steps_match_pytorch(tmp_path):
 
   def loss(m): return (m.encode(Tensor(ids), Tensor(mask), Tensor(types)) - Tensor(target)).square().mean()
 
-  def t_loss(t): return (t_encode(t(to_torch(ids), to_torch(mask), to_torch(types))[0], to_torch(mask)) - to_torch(target)).square().mean()
+  def t_loss(t):
+    hidden = t(to_torch(ids), to_torch(mask), to_torch(types))[0]
+    return (t_encode(hidden, to_torch(mask)) - to_torch(target)).square().mean()
   # the pooler gets no gradient from this loss: PyTorch's AdamW skips it, ours must leave it alone too
   losses = assert_same_training(model, twin, loss, t_loss, lambda m: AdamW(m.parameters(), lr=1e-2),
                                 lambda t: torch.optim.AdamW(t.parameters(), lr=1e-2))

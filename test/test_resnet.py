@@ -55,7 +55,8 @@ class TResNet(tnn.Module):
   def __init__(self, block, layers, num_classes=1000, in_channels=3, width=64, small_input=False):
     super().__init__()
     self.inplanes = width
-    self.conv1 = tnn.Conv2d(in_channels, width, 3, 1, 1, bias=False) if small_input else tnn.Conv2d(in_channels, width, 7, 2, 3, bias=False)
+    kernel, stride, padding = (3, 1, 1) if small_input else (7, 2, 3)
+    self.conv1 = tnn.Conv2d(in_channels, width, kernel, stride, padding, bias=False)
     self.bn1 = tnn.BatchNorm2d(width)
     self.maxpool = tnn.Identity() if small_input else tnn.MaxPool2d(3, 2, 1)
     self.layer1 = self._make_layer(block, width, layers[0])
@@ -89,7 +90,8 @@ def twin_pair(tmp_path, depth: int, **kwargs) -> tuple[ResNet, TResNet]:
   with torch.no_grad():
     for m in twin.modules():
       if isinstance(m, tnn.BatchNorm2d):
-        m.weight.uniform_(0.5, 1.5), m.bias.uniform_(-0.2, 0.2), m.running_mean.uniform_(-0.1, 0.1), m.running_var.uniform_(0.5, 2)
+        m.weight.uniform_(0.5, 1.5), m.bias.uniform_(-0.2, 0.2)
+        m.running_mean.uniform_(-0.1, 0.1), m.running_var.uniform_(0.5, 2)
   build = {18: resnet18, 34: resnet34, 50: resnet50}[depth]
   path = tmp_path / f"resnet{depth}.safetensors"
   save_file({k: v.contiguous() for k, v in twin.state_dict().items()}, str(path))
@@ -102,7 +104,8 @@ def test_torchvision_names_and_shapes():
   assert ours == {k: tuple(v.shape) for k, v in twin.state_dict().items()}
   assert "layer2.0.downsample.0.weight" in ours and "layer2.0.downsample.1.running_var" in ours and "fc.bias" in ours
   assert len(ours) == 122   # torchvision's resnet18().state_dict() has 122 entries
-  assert sum(int(np.prod(s)) for k, s in ours.items() if not k.endswith(("running_mean", "running_var", "num_batches_tracked"))) == 11_689_512
+  buffers = ("running_mean", "running_var", "num_batches_tracked")
+  assert sum(int(np.prod(s)) for k, s in ours.items() if not k.endswith(buffers)) == 11_689_512
   assert sum(p.numel() for p in resnet50().parameters()) == 25_557_032   # torchvision's ResNet-50
   assert sum(p.numel() for p in resnet34().parameters()) == 21_797_672   # and ResNet-34
 
@@ -131,7 +134,8 @@ def test_matches_pytorch_twin(tmp_path, depth, size, kwargs):
   # batchnorm's running statistics followed the same update
   theirs = twin.state_dict()
   for name, t in model.state_dict().items():
-    if name.endswith(("running_mean", "running_var")): assert_close(t.numpy(), theirs[name].numpy(), name, rtol=1e-4, atol_scale=1e-5)
+    if name.endswith(("running_mean", "running_var")):
+      assert_close(t.numpy(), theirs[name].numpy(), name, rtol=1e-4, atol_scale=1e-5)
 
 
 def test_sgd_steps_match_pytorch(tmp_path):

@@ -59,14 +59,14 @@ def train_mnist(name: str, model: nn.Module, args: argparse.Namespace) -> tuple[
   losses: list[float] = []
   start = time.perf_counter()
   for epoch in range(args.epochs):
-    train_epoch(model, opt, X_train, Y_train, args.batch_size, seed=args.seed + epoch, desc=f"epoch {epoch + 1}/{args.epochs}",
-                scheduler=scheduler, jit=args.jit, losses=losses)
+    train_epoch(model, opt, X_train, Y_train, args.batch_size, seed=args.seed + epoch,
+                desc=f"epoch {epoch + 1}/{args.epochs}", scheduler=scheduler, jit=args.jit, losses=losses)
   accuracy = evaluate(model, X_test, Y_test, batch_size=500)
   seconds = time.perf_counter() - start
   safe_save(get_state_dict(model), args.save)
   steps, window = list(range(1, len(losses) + 1)), max(1, min(50, len(losses) // 10))
-  save_loss_curve(args.plot, {"batch loss": (steps, losses), f"running mean ({window})": (steps, running_mean(losses, window))},
-                  title=f"{name} on {dataset}", ylabel="cross-entropy")
+  curves = {"batch loss": (steps, losses), f"running mean ({window})": (steps, running_mean(losses, window))}
+  save_loss_curve(args.plot, curves, title=f"{name} on {dataset}", ylabel="cross-entropy")
   print(f"weights saved to {args.save}, loss curve to {args.plot}")
   plural = "" if args.epochs == 1 else "s"
   print(f"test accuracy {100 * accuracy:.1f}% after {args.epochs} epoch{plural} ({math.ceil(seconds)} s)")

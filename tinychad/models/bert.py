@@ -48,11 +48,13 @@ class BertConfig:
 
   @staticmethod
   def mini_lm(**kw) -> BertConfig:
-    return BertConfig(**{"hidden_size": 384, "num_hidden_layers": 6, "num_attention_heads": 12, "intermediate_size": 1536, **kw})
+    return BertConfig(**{"hidden_size": 384, "num_hidden_layers": 6, "num_attention_heads": 12, "intermediate_size": 1536,
+                         **kw})
 
   @staticmethod
   def tiny(**kw) -> BertConfig:
-    return BertConfig(**{"hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 512, **kw})
+    return BertConfig(**{"hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 512,
+                         **kw})
 
 
 class BertEmbeddings(nn.Module):
@@ -73,7 +75,8 @@ class BertEmbeddings(nn.Module):
 class BertSelfAttention(nn.Module):
   def __init__(self, config: BertConfig):
     if config.hidden_size % config.num_attention_heads:
-      raise ValueError(f"BERT: hidden_size {config.hidden_size} must divide by num_attention_heads {config.num_attention_heads}")
+      raise ValueError(f"BERT: hidden_size {config.hidden_size} must divide by "
+                       f"num_attention_heads {config.num_attention_heads}")
     self.num_heads, self.dropout_p = config.num_attention_heads, config.attention_probs_dropout_prob
     self.query = nn.Linear(config.hidden_size, config.hidden_size)
     self.key = nn.Linear(config.hidden_size, config.hidden_size)
@@ -122,7 +125,8 @@ class BertLayer(nn.Module):
 
 
 class BertEncoder(nn.Module):
-  def __init__(self, config: BertConfig): self.layer = nn.ModuleList([BertLayer(config) for _ in range(config.num_hidden_layers)])
+  def __init__(self, config: BertConfig):
+    self.layer = nn.ModuleList([BertLayer(config) for _ in range(config.num_hidden_layers)])
 
   def forward(self, x: Tensor, mask: Tensor | None) -> Tensor:
     for layer in self.layer: x = layer(x, mask)
@@ -160,10 +164,12 @@ class BertModel(nn.Module):
 
   def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, token_type_ids: Tensor | None = None) -> Tensor:
     if input_ids.ndim != 2 or input_ids.dtype.is_float:
-      raise ValueError(f"BertModel: input_ids must be integer token ids (B, T), got {input_ids.dtype} of shape {tuple(input_ids.shape)}")
+      raise ValueError(f"BertModel: input_ids must be integer token ids (B, T), "
+                       f"got {input_ids.dtype} of shape {tuple(input_ids.shape)}")
     B, T = input_ids.shape
     if T > self.config.max_position_embeddings:
-      raise ValueError(f"BertModel: sequence length {T} is above max_position_embeddings {self.config.max_position_embeddings}")
+      raise ValueError(f"BertModel: sequence length {T} is above "
+                       f"max_position_embeddings {self.config.max_position_embeddings}")
     for name, t in (("attention_mask", attention_mask), ("token_type_ids", token_type_ids)):
       if t is not None and tuple(t.shape) != (B, T):
         raise ValueError(f"BertModel: {name} has shape {tuple(t.shape)}, input_ids {(B, T)}")

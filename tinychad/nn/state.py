@@ -4,9 +4,9 @@ in: a model (any object whose attributes, lists, tuples and dicts hold Tensors),
 out: get_state_dict -> {"layers.0.weight": Tensor, ...} with PyTorch's dotted names, so PyTorch's
      state_dict() and ours agree key for key; get_parameters -> the trainable Tensors;
      load_state_dict -> the model's tensors replaced in place; safe_save -> a .safetensors file written
-     atomically; safe_load -> {name: Tensor}; load_weights -> a file's (or a state dict's) tensors loaded into a model by name
-     (renamed first when a checkpoint's names differ from the model's), with one error listing every
-     missing, unexpected and mis-shaped name.
+     atomically; safe_load -> {name: Tensor}; load_weights -> a file's (or a state dict's) tensors loaded into
+     a model by name (renamed first when a checkpoint's names differ from the model's), with one error listing
+     every missing, unexpected and mis-shaped name.
 Files use the safetensors format through the `safetensors` library: it is well kept, PyTorch, JAX and
 tinygrad read and write it, and unlike torch.save's pickles a file can't run code when loaded, so we never
 unpickle anything.
