@@ -134,10 +134,11 @@ def train_loader(X: np.ndarray, Y: np.ndarray, batch_size: int, seed: int) -> Da
 
 def train_epoch(model: nn.Module, opt: Optimizer, X: np.ndarray, Y: np.ndarray, batch_size: int, seed: int,
                 desc: str = "train", device: str | None = None, train_mode: bool = True,
-                scheduler: LRScheduler | None = None, jit: bool = True) -> tuple[float, float]:
+                scheduler: LRScheduler | None = None, jit: bool = True, losses: list[float] | None = None) -> tuple[float, float]:
   """One pass over (X uint8 images, Y labels) in shuffled batches; returns (mean loss, accuracy) over the pass.
   train_mode=False keeps dropout off and batchnorm on its running statistics (for a frozen trunk).
-  scheduler, if given, steps after every batch. jit=True replays the step's kernels from the third batch on."""
+  scheduler, if given, steps after every batch. jit=True replays the step's kernels from the third batch on.
+  losses, if given, gets each batch's loss appended (a loss curve's points)."""
   model.train(train_mode)
   # a fresh JIT per epoch: it keys on input shapes, not on Tensor.training, which train_mode may have flipped
   step = TinyJit(make_train_step(model, opt)) if jit else make_train_step(model, opt)
@@ -148,6 +149,7 @@ def train_epoch(model: nn.Module, opt: Optimizer, X: np.ndarray, Y: np.ndarray, 
       loss, hits = step(Tensor(normalize(xb), device=device), Tensor(yb, device=device))
       if scheduler is not None: scheduler.step()
       batch_loss, batch_correct = loss.item(), int(hits.item())
+      if losses is not None: losses.append(batch_loss)
       total_loss += batch_loss * len(yb)
       correct += batch_correct
       seen += len(yb)

@@ -4,13 +4,16 @@ in: a model (any object whose attributes, lists, tuples and dicts hold Tensors),
 out: get_state_dict -> {"layers.0.weight": Tensor, ...} with PyTorch's dotted names, so PyTorch's
      state_dict() and ours agree key for key; get_parameters -> the trainable Tensors;
      load_state_dict -> the model's tensors replaced in place; safe_save -> a .safetensors file written
-     atomically; safe_load -> {name: Tensor}.
+     atomically; safe_load -> {name: Tensor}; load_weights -> a file's (or a state dict's) tensors loaded into
+     a model by name (renamed first when a checkpoint's names differ from the model's), with one error listing
+     every missing, unexpected and mis-shaped name.
 Files use the safetensors format through the `safetensors` library: it is well kept, PyTorch, JAX and
 tinygrad read and write it, and unlike torch.save's pickles a file can't run code when loaded, so we never
 unpickle anything.
 """
 from __future__ import annotations
 import os
+from collections.abc import Callable
 import numpy as np
 from safetensors import SafetensorError
 import safetensors.numpy
@@ -56,3 +59,27 @@ def safe_load(path: str | os.PathLike, device: str | None = None) -> dict[str, T
                        f"(supported: {sorted(d.name for d in dtypes.all())})")
     out[key] = Tensor(array, device=device)
   return out
+
+
+def load_weights(model, weights: str | os.PathLike | dict, strict: bool = True,
+                 rename: Callable[[str], str | None] | None = None) -> LoadResult:
+  """Load a checkpoint into model by name: a .safetensors file (PyTorch's safetensors.torch.save_file, or our
+  safe_save) or an in-memory state dict ({name: Tensor or numpy array}).
+
+  rename, if given, maps each checkpoint name to the model's name for it, or to None to leave that tensor out
+  (a checkpoint's extra heads, a buffer the model doesn't keep). Then as load_state_dict: the model's tensors
+  keep their identity, dtype and device; RuntimeError (naming the file) listing every missing and unexpected
+  name (when strict) and every shape mismatch, before anything is copied.
+  """
+  if isinstance(weights, dict): state, source = weights, "state dict"
+  elif isinstance(weights, (str, os.PathLike)): state, source = safe_load(weights), os.fspath(weights)
+  else: raise TypeError(f"load_weights: weights must be a .safetensors path or a state dict, got {type(weights).__name__}")
+  if rename is not None:
+    renamed = {}
+    for key, value in state.items():
+      if (new := rename(key)) is not None: renamed[new] = value
+    state = renamed
+  try:
+    return load_state_dict(model, state, strict)
+  except RuntimeError as e:
+    raise RuntimeError(f"{source}: {e}") from None
