@@ -61,7 +61,9 @@ def export(fn: Callable, example_inputs: Sequence, target: str = "c", out_dir: s
   manifest = {**plan.manifest(), "target": target, "weights": weights, "simd_bytes": simd}
   manifest["files"] = sorted(files) + [f"{name}.json"]
   files[f"{name}.json"] = (json.dumps(manifest, indent=1) + "\n").encode()
-  for filename, data in files.items(): atomic_write(out / filename, data)
+  for filename, data in files.items():
+    atomic_write(out / filename, data)
+    (out / filename).chmod(0o644)      # files to serve or ship, not private temporaries
   return manifest
 
 
