@@ -102,7 +102,8 @@ def _other_values(t) -> Any:
   values = t.numpy()
   flat = values.reshape(-1)[np.random.default_rng(0).permutation(values.size)].reshape(values.shape)
   if values.dtype.kind == "f":
-    scale = float(np.abs(values).mean()) if values.size else 1.0
+    finite = np.abs(values[np.isfinite(values)])
+    scale = float(finite.mean()) if finite.size else 1.0
     flat = flat + np.random.default_rng(1).uniform(-0.25, 0.25, values.shape).astype(values.dtype) * (scale or 1.0)
   return type(t)(np.ascontiguousarray(flat), device=t.device, dtype=t.dtype)
 
@@ -127,6 +128,18 @@ def _check_replay(steps: list, inputs: list[Buffer], others: list[Buffer], outs:
       raise ValueError(f"export: output {number} of the function on other input values is not what its recorded kernels "
                        "compute: its Python code reads tensor values (.item(), .numpy(), .tolist(), a comparison in an "
                        "`if`), draws random numbers, or keeps state between calls, so no fixed program computes it")
+
+
+def _check_all_used(steps: list, outs: list[Buffer]) -> None:
+  """Every buffer the call computed is read by a later kernel or returned: one that isn't was made for
+  Python to look at (`.item()`, `.numpy()`), and the exported code couldn't do what Python did with it."""
+  used = {id(b) for b in outs} | {id(b) for _, bufs in steps for b in bufs[1:]}
+  for item, bufs in steps:
+    if id(bufs[0]) not in used:
+      what = f"kernel {item.name}" if item is not None else "a copy"
+      raise ValueError(f"export: {what} computes a {bufs[0].dtype.name} buffer of {bufs[0].size} elements that nothing "
+                       "returned uses: the function reads tensor values in Python (.item(), .numpy(), .tolist(), a "
+                       "comparison in an `if`), which the exported code can't do; compute with tensors only")
 
 
 def _names(given: Sequence[str] | None, count: int, default: str, what: str) -> list[str]:
@@ -160,6 +173,7 @@ def capture_plan(fn: Callable, example_inputs: Sequence, name: str, simd: int, i
     raise ValueError("export: the function runs different kernels or returns other shapes on other input values of the "
                      "same shapes: its Python control flow depends on tensor values, which a fixed program can't follow")
   out_bufs = [o.lazydata.base.realized for o in outs]
+  _check_all_used(steps, out_bufs)
   _check_replay(steps, input_bufs, [x.lazydata.base.realized for x in others], out_bufs,
                 [o.numpy() for o in other_outs])
 

@@ -76,9 +76,14 @@ def compile_wasm(source: str, exports: list[str]) -> bytes:
 
 
 def build_wasm(plan: Plan, weights: str) -> dict[str, bytes]:
-  for slot in [p.slot for p in plan.inputs + plan.outputs] + plan.weights + plan.scratch:
-    if slot.dtype == dtypes.float16:
-      raise ValueError(f"export: target 'wasm' has no float16 (buffer {slot.name}); cast the model to float32 first")
+  for step in plan.steps:
+    used = {u.dtype for u in step.program.uops} if step.program is not None else {step.args[0].dtype}
+    if dtypes.float16 in used | {slot.dtype for slot in step.args}:
+      name = step.program.name if step.program is not None else "a copy"
+      raise ValueError(f"export: target 'wasm' has no float16 (clang's wasm32 has no _Float16), and kernel {name} "
+                       "computes in it; cast the model to float32 first")
+  for p in plan.inputs + plan.outputs:
+    if p.dtype == dtypes.float16: raise ValueError(f"export: target 'wasm' has no float16, and {p.name} is float16")
   from tinychad.export.c import safetensors_bytes
   weight_bytes = len(safetensors_bytes(plan)) if weights == "safetensors" else 0
   source = render_source(plan, weights, FREESTANDING_MATH) + _glue(plan, weight_bytes)
