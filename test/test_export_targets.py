@@ -7,6 +7,7 @@ from __future__ import annotations
 import ctypes
 import json
 import math
+import re
 import shutil
 import subprocess
 import numpy as np
@@ -336,3 +337,85 @@ def test_bad_arguments_are_named(tmp_path):
 def test_op_a_target_cannot_do_is_refused(tmp_path):
   with pytest.raises(ValueError, match="target 'wasm' has no float16"):
     tinychad.export(lambda t: (t.half() * 2).float(), [Tensor(np.ones(3, np.float32))], target="wasm", out_dir=tmp_path)
+
+
+# ---- another CPU: aarch64 (NEON) under qemu-user ----
+
+AARCH64_CC = shutil.which("aarch64-linux-gnu-gcc")
+QEMU = shutil.which("qemu-aarch64")
+MAIN_READING_FILE = r"""#include <stdio.h>
+#include "model.h"
+static float x[MODEL_INPUT_SIZE], y[MODEL_OUTPUT_SIZE];
+int main(int argc, char** argv) {
+  FILE* f = fopen(argv[1], "rb");
+  if (!f || fread(x, sizeof(float), MODEL_INPUT_SIZE, f) != MODEL_INPUT_SIZE) return 2;
+  fclose(f);
+  if (model_init(0)) return 3;
+  model_forward(x, y);
+  for (int i = 0; i < MODEL_OUTPUT_SIZE; i++) printf("%.9g\n", y[i]);
+  return 0;
+}
+"""
+
+
+def test_aarch64_neon_build_under_qemu(tmp_path):
+  """The MNIST CNN's C, lowered for 16-byte vectors (NEON's), cross-compiled for aarch64 and run under qemu,
+  prints what the x86-64 build of the same C prints and what tinychad computes; its kernels use NEON."""
+  if AARCH64_CC is None or QEMU is None:
+    pytest.skip("needs aarch64-linux-gnu-gcc and qemu-aarch64 (Debian: gcc-aarch64-linux-gnu qemu-user; .ci/run installs them)")
+  Tensor.manual_seed(6)
+  model = nn.eval(CNN())
+  fn = lambda x: model(x).softmax(axis=1)
+  manifest = tinychad.export(fn, [Tensor(_images(10))], target="c", out_dir=tmp_path, simd_bytes=16)
+  assert manifest["simd_bytes"] == 16
+  (tmp_path / "main.c").write_text(MAIN_READING_FILE)
+  image = _images(11)
+  (tmp_path / "in.bin").write_bytes(image.tobytes())
+  sources = [str(tmp_path / "model.c"), str(tmp_path / "main.c")]
+  subprocess.run([AARCH64_CC, "-O2", "-static", *sources, "-lm", "-o", str(tmp_path / "arm")], check=True, capture_output=True)
+  subprocess.run([CC, "-O2", *sources, "-lm", "-o", str(tmp_path / "x86")], check=True, capture_output=True)
+  printed = {}
+  for name, cmd in (("arm", [QEMU, str(tmp_path / "arm")]), ("x86", [str(tmp_path / "x86")])):
+    result = subprocess.run(cmd + [str(tmp_path / "in.bin")], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, (name, result.returncode, result.stderr)
+    printed[name] = np.array(result.stdout.split(), dtype=np.float32)
+  want = fn(Tensor(image)).numpy().reshape(-1)
+  np.testing.assert_allclose(printed["arm"], printed["x86"], rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(printed["arm"], want, rtol=1e-5, atol=1e-5)
+  asm = subprocess.run([AARCH64_CC, "-O2", "-S", "-o", "-", sources[0]], check=True, capture_output=True, text=True).stdout
+  assert len(re.findall(r"\bfmla\s+v\d+\.4s", asm)) >= 8, "the convolutions' multiply-adds are NEON vector FMAs"
+
+
+def test_aarch64_llvm_module_under_qemu(tmp_path):
+  """The CNN's LLVM module (16-byte vectors), compiled by llvmlite for aarch64 at -O2, linked with a C main
+  by the cross gcc and run under qemu: tinychad's numbers, with NEON vector FMAs in its code."""
+  if AARCH64_CC is None or QEMU is None:
+    pytest.skip("needs aarch64-linux-gnu-gcc and qemu-aarch64 (Debian: gcc-aarch64-linux-gnu qemu-user; .ci/run installs them)")
+  import llvmlite.binding as llvm
+  llvm.initialize_all_targets()
+  llvm.initialize_all_asmprinters()
+  Tensor.manual_seed(7)
+  model = nn.eval(CNN())
+  fn = lambda x: model(x).softmax(axis=1)
+  tinychad.export(fn, [Tensor(_images(12))], target="llvm", out_dir=tmp_path, simd_bytes=16)
+  tm = llvm.Target.from_triple("aarch64-unknown-linux-gnu").create_target_machine(cpu="generic", features="+neon", opt=2,
+                                                                                    reloc="static")
+  module = llvm.parse_assembly((tmp_path / "model.ll").read_text())
+  module.triple, module.data_layout = tm.triple, str(tm.target_data)
+  module.verify()
+  options = llvm.create_pipeline_tuning_options(speed_level=2)
+  options.loop_vectorization = options.slp_vectorization = True
+  builder = llvm.create_pass_builder(tm, options)
+  builder.getModulePassManager().run(module, builder)
+  (tmp_path / "model.o").write_bytes(tm.emit_object(module))
+  assert len(re.findall(r"\bfmla\s+v\d+\.4s", tm.emit_assembly(module))) >= 8
+  (tmp_path / "main.c").write_text(MAIN_READING_FILE.replace('#include "model.h"', "#define MODEL_INPUT_SIZE 784\n"
+                                   "#define MODEL_OUTPUT_SIZE 10\nint model_init(const void*);\nvoid model_forward(const float*, float*);"))
+  subprocess.run([AARCH64_CC, "-O2", "-static", str(tmp_path / "main.c"), str(tmp_path / "model.o"), "-lm", "-o", str(tmp_path / "arm")],
+                 check=True, capture_output=True)
+  image = _images(13)
+  (tmp_path / "in.bin").write_bytes(image.tobytes())
+  result = subprocess.run([QEMU, str(tmp_path / "arm"), str(tmp_path / "in.bin")], capture_output=True, text=True, timeout=300)
+  assert result.returncode == 0, result.stderr
+  np.testing.assert_allclose(np.array(result.stdout.split(), dtype=np.float32), fn(Tensor(image)).numpy().reshape(-1),
+                             rtol=1e-5, atol=1e-5)

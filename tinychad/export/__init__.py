@@ -34,16 +34,21 @@ WEIGHTS = ("embed", "safetensors")
 
 
 def export(fn: Callable, example_inputs: Sequence, target: str = "c", out_dir: str | Path = ".",
-           weights: str = "embed", names: dict[str, Sequence[str]] | None = None, name: str = "model") -> dict:
+           weights: str = "embed", names: dict[str, Sequence[str]] | None = None, name: str = "model",
+           simd_bytes: int | None = None) -> dict:
   """Write `fn` as code for `target` (see the module docstring); returns the manifest, with "files" added.
-  names: {"inputs": [...], "outputs": [...]}, the parameters' names (default input/output, numbered)."""
+  names: {"inputs": [...], "outputs": [...]}, the parameters' names (default input/output, numbered).
+  simd_bytes: the SIMD register width the kernels are made for: 16 for aarch64's NEON (or SSE), 32 for
+  AVX2, 64 for AVX-512; by default this machine's for C and LLVM IR, and always 16 for WebAssembly's SIMD128."""
   if target not in TARGETS: raise ValueError(f"export: target {target!r} is not one of {TARGETS}")
   if weights not in WEIGHTS: raise ValueError(f"export: weights={weights!r} is not one of {WEIGHTS}")
   names = dict(names or {})
   unknown = set(names) - {"inputs", "outputs"}
   if unknown: raise ValueError(f"export: names has keys {sorted(unknown)}; it takes 'inputs' and 'outputs'")
-  # WebAssembly's SIMD registers are 128 bits; C and LLVM IR are made for this machine's
-  simd = 16 if target == "wasm" else host_simd_bytes()
+  if simd_bytes not in (None, 16, 32, 64): raise ValueError(f"export: simd_bytes={simd_bytes} is not 16, 32 or 64")
+  if target == "wasm" and simd_bytes not in (None, 16):
+    raise ValueError(f"export: WebAssembly's SIMD registers are 16 bytes, not simd_bytes={simd_bytes}")
+  simd = 16 if target == "wasm" else simd_bytes or host_simd_bytes()
   plan = capture_plan(fn, example_inputs, name, simd, names.get("inputs"), names.get("outputs"))
   out = Path(out_dir)
   out.mkdir(parents=True, exist_ok=True)

@@ -65,6 +65,18 @@ def safetensors_bytes(plan: Plan) -> bytes:
   return b"".join(parts)
 
 
+# Each kernel stays a function of its own. Inlined into <name>_forward, the kernels make one huge function
+# that V8 compiles badly (the MNIST CNN at batch 64 in Node.js: 221 ms inlined, 70-90 ms not). gcc also
+# gets no interprocedural liberties (noipa): gcc 12's aarch64 build, specializing each kernel for its one
+# call (IPA constant propagation), computed wrong probabilities for the MNIST CNN under qemu, where
+# -fno-ipa-cp, -O1 and clang were right.
+KERNEL_MACRO = """#if defined(__GNUC__) && !defined(__clang__)
+#define TC_KERNEL static __attribute__((noipa))
+#else
+#define TC_KERNEL static __attribute__((noinline))
+#endif"""
+
+
 def slot_ref(plan: Plan, slot: Slot) -> str:
   """The C expression of a buffer's address."""
   if slot.kind == "scratch": return f"(({slot.dtype.c_name}*)({plan.name}_arena + {slot.offset}))"
@@ -80,9 +92,7 @@ def kernel_functions(plan: Plan) -> tuple[list[str], list[str], list[str]]:
     if step.program is None or step.args[0].size == 0: continue
     try:
       renderer = CRenderer(step.program)
-      # kept out of <name>_forward: inlined there, the kernels make one huge function that V8 compiles
-      # badly (the MNIST CNN at batch 64 in Node.js: 221 ms inlined, 70-90 ms not)
-      functions.append("static __attribute__((noinline)) " + renderer.render_function())
+      functions.append("TC_KERNEL " + renderer.render_function())
     except NotImplementedError as e:
       raise ValueError(f"export: kernel {step.program.name} can't be written as C: {e}") from e
     typedefs.update(renderer.typedefs)
@@ -135,7 +145,7 @@ def render_source(plan: Plan, weights: str, freestanding_math: str) -> str:
     init += ["  return 0;", "}"]
   data.append(f"static unsigned char {plan.name}_arena[{max(plan.arena_bytes, 1)}] __attribute__((aligned(64)));")
   head = [f"/* {plan.name}.c: exported by tinychad ({len(functions)} kernels, {plan.arena_bytes} bytes of scratch). */",
-          "#ifdef TINYCHAD_FREESTANDING", freestanding_math.rstrip(), "#else", "#include <math.h>", "#endif"]
+          "#ifdef TINYCHAD_FREESTANDING", freestanding_math.rstrip(), "#else", "#include <math.h>", "#endif", KERNEL_MACRO]
   forward = [signature(plan) + " {", *forward_body(plan), "}"]
   return "\n".join(head + typedefs + helpers + data + functions + init + forward) + "\n"
 
