@@ -14,6 +14,7 @@ where it has no such registers); the x86 streaming stores are under #ifdef __AVX
 it anywhere and -march= only makes it faster.
 """
 from __future__ import annotations
+import json
 import numpy as np
 from tinychad.dtype import DType
 from tinychad.export.plan import Plan, Slot
@@ -49,7 +50,7 @@ _ST_DTYPES = {"bool": "BOOL", "uint8": "U8", "int8": "I8", "int16": "I16", "int3
 
 
 def safetensors_header(offsets: list[tuple[Slot, int]]) -> bytes:
-  import json
+  """The JSON header naming each weight (w0, w1, ...) with its dtype, flat shape and byte range."""
   meta = {w.name: {"dtype": _ST_DTYPES[w.dtype.name], "shape": [w.size],
                    "data_offsets": [at, at + w.size * w.dtype.itemsize]} for w, at in offsets}
   text = json.dumps({"__metadata__": {"format": "tinychad-export"}, **meta}, separators=(",", ":")).encode()
@@ -145,7 +146,8 @@ def render_source(plan: Plan, weights: str, freestanding_math: str) -> str:
     init += ["  return 0;", "}"]
   data.append(f"static unsigned char {plan.name}_arena[{max(plan.arena_bytes, 1)}] __attribute__((aligned(64)));")
   head = [f"/* {plan.name}.c: exported by tinychad ({len(functions)} kernels, {plan.arena_bytes} bytes of scratch). */",
-          "#ifdef TINYCHAD_FREESTANDING", freestanding_math.rstrip(), "#else", "#include <math.h>", "#endif", KERNEL_MACRO]
+          "#ifdef TINYCHAD_FREESTANDING", freestanding_math.rstrip(), "#else", "#include <math.h>", "#endif",
+          KERNEL_MACRO]
   forward = [signature(plan) + " {", *forward_body(plan), "}"]
   return "\n".join(head + typedefs + helpers + data + functions + init + forward) + "\n"
 

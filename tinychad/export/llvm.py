@@ -83,9 +83,10 @@ def _forward(plan: Plan, weights: str) -> list[str]:
 
   def ref(slot: Slot) -> str:
     if id(slot) in refs: return refs[id(slot)]
-    name = f"%s{len(refs)}"
+    name = f"%.s{len(refs)}"     # a dot: no parameter (an identifier) can have this name
     if slot.kind == "input": return f"%{slot.name}"
-    if slot.kind == "scratch": lines.append(f"  {name} = getelementptr inbounds i8, ptr @{plan.name}_arena, i64 {slot.offset}")
+    if slot.kind == "scratch":
+      lines.append(f"  {name} = getelementptr inbounds i8, ptr @{plan.name}_arena, i64 {slot.offset}")
     elif weights == "embed": return f"@{slot.name}"
     else: lines.append(f"  {name} = load ptr, ptr @{slot.name}, align 8")
     refs[id(slot)] = name
@@ -97,7 +98,7 @@ def _forward(plan: Plan, weights: str) -> list[str]:
     # a byte loop, not the memcpy intrinsic, whose name differs between LLVM versions; the optimizer
     # turns it into a memcpy
     nonlocal copies
-    c = f"c{copies}"
+    c = f".c{copies}"
     copies += 1
     lines.extend([f"  br label %{c}_pre", f"{c}_pre:", f"  br label %{c}_loop", f"{c}_loop:",
                   f"  %{c}_i = phi i64 [0, %{c}_pre], [%{c}_next, %{c}_loop]",

@@ -162,7 +162,8 @@ def capture_plan(fn: Callable, example_inputs: Sequence, name: str, simd: int, i
   inputs = [x.contiguous() for x in example_inputs]
   realize([x.lazydata for x in inputs])
   input_bufs = [x.lazydata.base.realized for x in inputs]
-  if len({id(b) for b in input_bufs}) != len(input_bufs): raise ValueError("export: the same tensor is given as two inputs")
+  if len({id(b) for b in input_bufs}) != len(input_bufs):
+    raise ValueError("export: the same tensor is given as two inputs")
   _call(fn, inputs)                                  # realizes lazy weights and builds the kernels
   with capture() as steps:
     outs = _call(fn, inputs)

@@ -24,7 +24,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 from tinychad.dtype import dtypes
-from tinychad.export.c import render_source
+from tinychad.export.c import render_source, safetensors_bytes
 from tinychad.export.libm import FREESTANDING_MATH
 from tinychad.export.plan import Plan
 
@@ -37,11 +37,13 @@ def tool(names: tuple[str, ...], package: str) -> str:
   for name in names:
     found = shutil.which(name) or (name if os.path.isabs(name) and os.access(name, os.X_OK) else None)
     if found: return found
-  raise RuntimeError(f"export: target 'wasm' needs {names[0]} (Debian: apt-get install {package}); none of {names} is on PATH")
+  raise RuntimeError(f"export: target 'wasm' needs {names[0]} (Debian: apt-get install {package}); "
+                     f"none of {names} is on PATH")
 
 
 def clang() -> str: return tool((os.getenv("WASM_CC", "clang-14"), "clang-14", "clang"), "clang-14")
-def wasm_ld() -> str: return tool((os.getenv("WASM_LD", "wasm-ld-14"), "wasm-ld-14", "wasm-ld", "/usr/lib/llvm-14/bin/wasm-ld"), "lld-14")
+def wasm_ld() -> str:
+  return tool((os.getenv("WASM_LD", "wasm-ld-14"), "wasm-ld-14", "wasm-ld", "/usr/lib/llvm-14/bin/wasm-ld"), "lld-14")
 
 
 def _glue(plan: Plan, weight_bytes: int) -> str:
@@ -71,7 +73,8 @@ def compile_wasm(source: str, exports: list[str]) -> bytes:
     for cmd in steps:
       result = subprocess.run(cmd, capture_output=True, text=True)
       if result.returncode != 0:
-        raise RuntimeError(f"export: {Path(cmd[0]).name} failed on the exported C ({result.returncode}):\n{result.stderr[-3000:]}")
+        raise RuntimeError(f"export: {Path(cmd[0]).name} failed on the exported C ({result.returncode}):\n"
+                           f"{result.stderr[-3000:]}")
     return out.read_bytes()
 
 
@@ -84,7 +87,6 @@ def build_wasm(plan: Plan, weights: str) -> dict[str, bytes]:
                        "computes in it; cast the model to float32 first")
   for p in plan.inputs + plan.outputs:
     if p.dtype == dtypes.float16: raise ValueError(f"export: target 'wasm' has no float16, and {p.name} is float16")
-  from tinychad.export.c import safetensors_bytes
   weight_bytes = len(safetensors_bytes(plan)) if weights == "safetensors" else 0
   source = render_source(plan, weights, FREESTANDING_MATH) + _glue(plan, weight_bytes)
   exports = [f"{plan.name}_init", "tc_input", "tc_output", "tc_run"] + (["tc_weights"] if weight_bytes else [])
@@ -114,7 +116,8 @@ async function bytesOf(source, fallback) {{
   if (source instanceof ArrayBuffer) return source;
   if (ArrayBuffer.isView(source)) return source.buffer.slice(source.byteOffset, source.byteOffset + source.byteLength);
   const url = source === undefined ? new URL(fallback, import.meta.url)
-    : new URL(source, isNode ? new URL(`file://${{process.cwd()}}/`) : (globalThis.location ? globalThis.location.href : import.meta.url));
+    : new URL(source, isNode ? new URL(`file://${{process.cwd()}}/`)
+                             : (globalThis.location ? globalThis.location.href : import.meta.url));
   if (isNode && url.protocol === "file:") {{
     const {{ readFile }} = await import("node:fs/promises");
     const b = await readFile(url);
@@ -131,19 +134,23 @@ export async function load(wasm, weights) {{
   let init = 0;
   if (WEIGHTS_FILE !== null) {{
     const file = new Uint8Array(await bytesOf(weights, WEIGHTS_FILE));
-    if (file.length !== WEIGHT_BYTES) throw new Error(`{plan.name}.js: the weights file has ${{file.length}} bytes; this model's has ${{WEIGHT_BYTES}}`);
+    if (file.length !== WEIGHT_BYTES)
+      throw new Error(`{plan.name}.js: the weights file has ${{file.length}} bytes; this model's has ${{WEIGHT_BYTES}}`);
     new Uint8Array(e.memory.buffer, e.tc_weights(), file.length).set(file);
     init = e.tc_weights();
   }}
-  if (e.{plan.name}_init(init) !== 0) throw new Error("{plan.name}.js: the weights file is not the one exported with this model");
+  if (e.{plan.name}_init(init) !== 0)
+    throw new Error("{plan.name}.js: the weights file is not the one exported with this model");
   const view = (p, address) => new ARRAYS[p.dtype](e.memory.buffer, address, p.size);
   function forward(...inputs) {{
     if (inputs.length !== manifest.inputs.length)
-      throw new TypeError(`{plan.name}.forward takes ${{manifest.inputs.length}} inputs (${{manifest.inputs.map(p => p.name).join(", ")}}), got ${{inputs.length}}`);
+      throw new TypeError(`{plan.name}.forward takes ${{manifest.inputs.length}} inputs `
+        + `(${{manifest.inputs.map(p => p.name).join(", ")}}), got ${{inputs.length}}`);
     manifest.inputs.forEach((p, i) => {{
       const x = inputs[i];
       if (x == null || x.length !== p.size)
-        throw new RangeError(`{plan.name}.forward: input ${{p.name}} needs ${{p.size}} ${{p.dtype}} values (shape [${{p.shape}}]), got ${{x == null ? x : x.length}}`);
+        throw new RangeError(`{plan.name}.forward: input ${{p.name}} needs ${{p.size}} ${{p.dtype}} values `
+          + `(shape [${{p.shape}}]), got ${{x == null ? x : x.length}}`);
       view(p, e.tc_input(i)).set(x);
     }});
     e.tc_run();
@@ -157,7 +164,8 @@ export async function load(wasm, weights) {{
 
 def loader_dts(plan: Plan) -> str:
   def ts(p) -> str: return JS_ARRAYS[p.dtype.name]
-  params = ", ".join(f"{p.name}: {ts(p)} | ArrayLike<{'bigint' if p.dtype == dtypes.int64 else 'number'}>" for p in plan.inputs)
+  element = lambda p: "bigint" if p.dtype == dtypes.int64 else "number"
+  params = ", ".join(f"{p.name}: {ts(p)} | ArrayLike<{element(p)}>" for p in plan.inputs)
   outs = [ts(p) for p in plan.outputs]
   result = outs[0] if len(outs) == 1 else f"[{', '.join(outs)}]"
   shapes = "; ".join(f"{p.name}: {p.dtype.name} [{', '.join(map(str, p.shape))}]" for p in plan.inputs + plan.outputs)
