@@ -11,7 +11,7 @@ out: two tables, every number from this one run (the machine is shared: compare 
   native  per batch: the exported C (cc -O2 -march=native, one thread), tinychad itself and PyTorch (CPU
           threads as configured), in ms per forward
 Every runtime's probabilities are checked against PyTorch's (1e-4) before it is timed.
-  python -m bench.export
+  python -m bench.export [--resnet]     # --resnet: also ResNet-18 at 224x224, batch 1, tinychad .wasm vs ORT Web
 """
 from __future__ import annotations
 import ctypes
@@ -19,6 +19,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -64,6 +65,110 @@ def models() -> tuple[nn.Module, TorchCNN, dict[str, np.ndarray]]:
   twin = TorchCNN(32, 64).eval()
   twin.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in state.items()}, strict=True)
   return model, twin, state
+
+
+class Block:
+  """ResNet's basic block (tinychad): two 3x3 convs with batchnorm, and a projected shortcut when the shape changes."""
+  def __init__(self, cin: int, cout: int, stride: int):
+    self.conv1, self.bn1 = nn.Conv2d(cin, cout, 3, stride=stride, padding=1, bias=False), nn.BatchNorm2d(cout)
+    self.conv2, self.bn2 = nn.Conv2d(cout, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout)
+    self.down = [nn.Conv2d(cin, cout, 1, stride=stride, bias=False), nn.BatchNorm2d(cout)] if stride != 1 or cin != cout else []
+
+  def __call__(self, x: Tensor) -> Tensor:
+    out = self.bn2(self.conv2(self.bn1(self.conv1(x)).relu()))
+    return (out + (self.down[1](self.down[0](x)) if self.down else x)).relu()
+
+
+class ResNet18:
+  """ResNet-18 (torchvision's layout): 224x224 RGB -> 1000 logits."""
+  def __init__(self):
+    self.conv1, self.bn1 = nn.Conv2d(3, 64, 7, stride=2, padding=3, bias=False), nn.BatchNorm2d(64)
+    widths = [(64, 64, 1), (64, 64, 1), (64, 128, 2), (128, 128, 1), (128, 256, 2), (256, 256, 1), (256, 512, 2), (512, 512, 1)]
+    self.blocks = [Block(*w) for w in widths]
+    self.fc = nn.Linear(512, 1000)
+
+  def __call__(self, x: Tensor) -> Tensor:
+    x = self.bn1(self.conv1(x)).relu().max_pool2d(3, 2, 1)
+    for block in self.blocks: x = block(x)
+    return self.fc(x.mean(axis=(2, 3)))
+
+
+class TorchBlock(torch.nn.Module):
+  def __init__(self, cin: int, cout: int, stride: int):
+    super().__init__()
+    self.conv1, self.bn1 = torch.nn.Conv2d(cin, cout, 3, stride, 1, bias=False), torch.nn.BatchNorm2d(cout)
+    self.conv2, self.bn2 = torch.nn.Conv2d(cout, cout, 3, 1, 1, bias=False), torch.nn.BatchNorm2d(cout)
+    self.down = torch.nn.Sequential(*([torch.nn.Conv2d(cin, cout, 1, stride, bias=False), torch.nn.BatchNorm2d(cout)]
+                                      if stride != 1 or cin != cout else []))
+
+  def forward(self, x):
+    out = self.bn2(self.conv2(self.bn1(self.conv1(x)).relu()))
+    return (out + (self.down(x) if len(self.down) else x)).relu()
+
+
+class TorchResNet18(torch.nn.Module):
+  def __init__(self):
+    super().__init__()
+    self.conv1, self.bn1 = torch.nn.Conv2d(3, 64, 7, 2, 3, bias=False), torch.nn.BatchNorm2d(64)
+    widths = [(64, 64, 1), (64, 64, 1), (64, 128, 2), (128, 128, 1), (128, 256, 2), (256, 256, 1), (256, 512, 2), (512, 512, 1)]
+    self.blocks = torch.nn.Sequential(*[TorchBlock(*w) for w in widths])
+    self.fc = torch.nn.Linear(512, 1000)
+
+  def forward(self, x):
+    x = torch.nn.functional.max_pool2d(self.bn1(self.conv1(x)).relu(), 3, 2, 1)
+    return self.fc(self.blocks(x).mean(dim=(2, 3)))
+
+
+def resnet_row(tmp: Path) -> None:
+  """ResNet-18 at 224x224, batch 1: tinychad's .wasm (weights in a safetensors file beside it) against ONNX
+  Runtime Web, same weights (TF.js is left out: its ResNet would need a port of the model to tfjs ops)."""
+  Tensor.manual_seed(1)
+  model = ResNet18()
+  nn.eval(model)
+  twin = TorchResNet18().eval()
+  state = {k: torch.from_numpy(np.array(v.numpy())) for k, v in get_state_dict(model).items()}
+  twin.load_state_dict(state, strict=True)
+  x = np.random.default_rng(3).random((1, 3, 224, 224), dtype=np.float32)
+  start = time.perf_counter()
+  manifest = tinychad.export(model, [Tensor(x)], target="wasm", out_dir=tmp / "resnet", weights="safetensors")
+  export_s = time.perf_counter() - start
+  torch.onnx.export(twin, (torch.from_numpy(x),), str(tmp / "resnet18.onnx"), input_names=["x"], output_names=["probs"],
+                    dynamo=False, opset_version=17)
+  (tmp / "resnet_x.bin").write_bytes(x.tobytes())
+  with torch.no_grad(): (tmp / "resnet_want.bin").write_bytes(twin(torch.from_numpy(x)).numpy().tobytes())
+  script = NODE_DIR / "bench_export_resnet.mjs"
+  script.write_text(RESNET_JS)
+  result = subprocess.run(["node", str(script), str(tmp)], capture_output=True, text=True, timeout=1200)
+  if result.returncode != 0: raise RuntimeError(result.stderr[-3000:])
+  r = json.loads(result.stdout.strip().splitlines()[-1])
+  assert max(r["check"].values()) < 1e-3, r["check"]
+  wasm_kb = (tmp / "resnet" / "model.wasm").stat().st_size / 1e3
+  print(f"\nResNet-18 224x224 batch 1 in Node.js (one thread, ms, best of 3): tinychad .wasm {r['tinychad']:.1f} | "
+        f"ORT Web {r['ort']:.1f} | ORT/tinychad {r['ort'] / r['tinychad']:.2f} | max |diff| vs torch "
+        f"{r['check']['tinychad']:.1e} / {r['check']['ort']:.1e}; {manifest['kernels']} kernels, model.wasm {wasm_kb:.0f} kB "
+        f"+ {manifest['weight_bytes'] / 1e6:.1f} MB weights; export took {export_s:.0f} s")
+
+
+RESNET_JS = r"""
+import * as ort from "onnxruntime-web";
+import { readFileSync } from "node:fs";
+const dir = process.argv[2];
+ort.env.wasm.numThreads = 1;
+const readF32 = f => { const b = readFileSync(f); return new Float32Array(b.buffer.slice(b.byteOffset, b.byteOffset + b.byteLength)); };
+const maxDiff = (a, b) => a.reduce((m, v, i) => Math.max(m, Math.abs(v - b[i])), 0);
+const x = readF32(`${dir}/resnet_x.bin`), want = readF32(`${dir}/resnet_want.bin`);
+const { load } = await import(`${dir}/resnet/model.js`);
+const m = await load(`${dir}/resnet/model.wasm`, `${dir}/resnet/model.safetensors`);
+const session = await ort.InferenceSession.create(`${dir}/resnet18.onnx`, { executionProviders: ["wasm"] });
+const feeds = { x: new ort.Tensor("float32", x, [1, 3, 224, 224]) };
+const check = { tinychad: maxDiff(m.forward(x), want), ort: maxDiff((await session.run(feeds)).probs.data, want) };
+let tc = Infinity, o = Infinity;
+for (let round = 0; round < 3; round++) {
+  let t = performance.now(); m.forward(x); tc = Math.min(tc, performance.now() - t);
+  t = performance.now(); await session.run(feeds); o = Math.min(o, performance.now() - t);
+}
+console.log(JSON.stringify({ check, tinychad: tc, ort: o }));
+"""
 
 
 def probabilities(model: nn.Module):
@@ -214,6 +319,7 @@ def main() -> None:
   with tempfile.TemporaryDirectory(prefix="bench-export-") as tmp:
     wasm_table(model, twin, state, Path(tmp))
     native_table(model, twin, Path(tmp))
+    if "--resnet" in sys.argv: resnet_row(Path(tmp))
 
 
 if __name__ == "__main__":

@@ -9,9 +9,11 @@ out: a Plan: the call's kernels lowered to linear IR (codegen) in order, each wi
 The call is captured with engine/realize.py's capture(), as TinyJit records. The function runs three
 times: once to realize lazy weights and build kernels, once recorded, and once recorded on other input
 values (a permutation of the examples' values, plus noise for floats). The two recordings must run the
-same kernels, and replaying the first on the third call's inputs must give the third call's outputs
-exactly; else the function's Python control flow or shapes depend on tensor values (a `.item()`,
-`.numpy()`, a loop over a tensor's contents), and exporting it would freeze one path silently.
+same kernels, every buffer computed must be used by a later kernel or returned (one that isn't was read
+by Python: `.item()`, `.numpy()`), and replaying the first recording on the third call's inputs must
+give the third call's outputs exactly; else the function's Python control flow or shapes depend on
+tensor values, or it keeps state, and exporting it would freeze one path silently. (Python reading an
+input directly, with no kernel, is caught only when the other values send it down another path.)
 """
 from __future__ import annotations
 import dataclasses
