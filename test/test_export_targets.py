@@ -17,6 +17,7 @@ import tinychad
 from tinychad import Tensor, dtypes, nn
 from tinychad.export.plan import capture_plan
 from tinychad.examples.mnist import CNN, MLP
+from tinychad.helpers import getenv
 from tinychad.runtime.cc import find_c_compiler
 
 CC = find_c_compiler()
@@ -383,7 +384,8 @@ def test_aarch64_neon_build_under_qemu(tmp_path):
   np.testing.assert_allclose(printed["arm"], printed["x86"], rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(printed["arm"], want, rtol=1e-5, atol=1e-5)
   asm = subprocess.run([AARCH64_CC, "-O2", "-S", "-o", "-", sources[0]], check=True, capture_output=True, text=True).stdout
-  assert len(re.findall(r"\bfmla\s+v\d+\.4s", asm)) >= 8, "the convolutions' multiply-adds are NEON vector FMAs"
+  if not getenv("NOOPT", 0):     # NOOPT=1 lowers plain loops: no vectors to find
+    assert len(re.findall(r"\bfmla\s+v\d+\.4s", asm)) >= 8, "the convolutions' multiply-adds are NEON vector FMAs"
 
 
 def test_aarch64_llvm_module_under_qemu(tmp_path):
@@ -408,7 +410,7 @@ def test_aarch64_llvm_module_under_qemu(tmp_path):
   builder = llvm.create_pass_builder(tm, options)
   builder.getModulePassManager().run(module, builder)
   (tmp_path / "model.o").write_bytes(tm.emit_object(module))
-  assert len(re.findall(r"\bfmla\s+v\d+\.4s", tm.emit_assembly(module))) >= 8
+  if not getenv("NOOPT", 0): assert len(re.findall(r"\bfmla\s+v\d+\.4s", tm.emit_assembly(module))) >= 8
   (tmp_path / "main.c").write_text(MAIN_READING_FILE.replace('#include "model.h"', "#define MODEL_INPUT_SIZE 784\n"
                                    "#define MODEL_OUTPUT_SIZE 10\nint model_init(const void*);\nvoid model_forward(const float*, float*);"))
   subprocess.run([AARCH64_CC, "-O2", "-static", str(tmp_path / "main.c"), str(tmp_path / "model.o"), "-lm", "-o", str(tmp_path / "arm")],
