@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import safetensors.numpy
 import tinychad
-from tinychad import Tensor, dtypes, nn
+from tinychad import Tensor, TinyJit, dtypes, nn
 from tinychad.export.plan import capture_plan
 from tinychad.examples.mnist import CNN, MLP
 from tinychad.helpers import getenv
@@ -283,6 +283,14 @@ def test_memory_plan_shares_the_arena():
     for b in plan.scratch:
       if a is not b and a.first <= b.last and b.first <= a.last:
         assert a.offset + a.nbytes <= b.offset or b.offset + b.nbytes <= a.offset, (a, b)
+
+
+def test_jitted_function_exports_like_the_plain_one(tmp_path):
+  w = Tensor(np.random.default_rng(9).standard_normal((5, 3), dtype=np.float32))
+  jitted = TinyJit(lambda x: (x @ w).relu())
+  for _ in range(3): jitted(Tensor(np.ones((2, 5), np.float32)))    # recorded and replaying
+  check(jitted, [Tensor(np.ones((2, 5), np.float32))], [np.random.default_rng(10).standard_normal((2, 5), dtype=np.float32)],
+        "c", tmp_path)
 
 
 def test_manifest_file_and_callable_package(tmp_path):

@@ -24,6 +24,7 @@ import numpy as np
 from tinychad.codegen import Program, lower_item
 from tinychad.device import Buffer
 from tinychad.dtype import DType
+from tinychad.engine.jit import TinyJit
 from tinychad.engine.realize import capture, realize, run_kernel
 from tinychad.host import target_simd_bytes
 
@@ -157,6 +158,8 @@ def capture_plan(fn: Callable, example_inputs: Sequence, name: str, simd: int, i
                  output_names=None) -> Plan:
   """The Plan of `fn` on tensors shaped like `example_inputs` (see the module docstring)."""
   if not NAME.match(name): raise ValueError(f"export: name {name!r} is not an identifier")
+  # a jitted function replays kernels without realizing them, which capture() records only once
+  if isinstance(fn, TinyJit): fn = fn.fn
   if hasattr(example_inputs, "lazydata"): example_inputs = [example_inputs]
   for number, x in enumerate(example_inputs):
     if not hasattr(x, "lazydata"):
