@@ -28,7 +28,7 @@ LAYERS: list[tuple[str, ...]] = [
   ("renderer/*",),                                                        # 3 linear IR -> source
   ("runtime/*", "device"),                                                # 4 source -> binary -> run
   ("lazy",),                                                              # 5 the lazy graph
-  ("engine/*", "viz", "export"),                                          # 6 schedule, realize, jit
+  ("engine/*", "viz", "export/*"),                                        # 6 schedule, realize, jit
   ("function",),                                                          # 7 autograd on LazyBuffers
   ("tensor", "indexing", "nn/functional"),                                # 8 the front end
   ("nn/*", "optim", "data", "datasets", "compat", "models/*", "examples/*", "__init__"),  # 9 libraries on the front end

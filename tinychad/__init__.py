@@ -15,7 +15,8 @@ knowing only what is below it. test/test_layers.py holds the same order and enfo
   3 renderer/*               linear IR in, C or LLVM IR text out: one file per language
   4 runtime/*, device        source in, compiled code run on buffers out: devices know nothing of graphs
   5 lazy                     the graph of primitive ops that Tensor records; runs nothing itself
-  6 engine/*, viz, export    graph in, kernels run: scheduling, realize, JIT, BEAM search, the graph's pictures
+  6 engine/*, viz,          graph in, kernels run: scheduling, realize, JIT, BEAM search, the graph's pictures,
+    export/*                 a function exported as C, LLVM IR or WebAssembly
   7 function                 autograd: each primitive's forward and backward, on LazyBuffers
   8 tensor, indexing,        the front end users call; indexing and nn/functional define some of Tensor's
     nn/functional            methods, so they and tensor.py import each other (the only such pairs)
@@ -29,6 +30,7 @@ from tinychad.dtype import dtypes, DType
 from tinychad.device import Device, empty_cache, max_memory_allocated, memory_allocated, memory_pooled, memory_reserved, reset_peak_memory_stats
 from tinychad.helpers import GlobalCounters
 from tinychad.engine.jit import TinyJit
+from tinychad import export  # noqa: F401 -- tinychad.export(fn, inputs, target=...): export/__init__.py
 from tinychad import compat  # noqa: F401 -- installs the seed's names (see compat.py)
 from tinychad.nn import optim  # noqa: F401 -- the seed's `tinychad.optim` (see compat.py)
 

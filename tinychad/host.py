@@ -1,13 +1,34 @@
 """Facts about the host CPU that both the code generator and the runtimes need.
 
 in: /proc/cpuinfo (read once)  ->  out: the SIMD register width. Kept below codegen and the runtimes so
-neither has to import the other for it.
+neither has to import the other for it. An export for another machine (WebAssembly's 128-bit SIMD, NEON)
+lowers its kernels inside `target_simd_bytes(16)`, which every caller of simd_bytes() then sees.
 """
+import contextlib
 import functools
+from typing import Iterator
+
+_targets: list[int] = []     # the open target_simd_bytes() blocks' widths, innermost last
+
+
+def simd_bytes() -> int:
+  """Bytes in one SIMD register of the machine kernels are made for: the host's, unless an export
+  for another machine is lowering them (target_simd_bytes)."""
+  return _targets[-1] if _targets else host_simd_bytes()
+
+
+@contextlib.contextmanager
+def target_simd_bytes(nbytes: int) -> Iterator[None]:
+  """Kernels lowered inside the block are made for SIMD registers of `nbytes` bytes."""
+  _targets.append(nbytes)
+  try:
+    yield
+  finally:
+    _targets.pop()
 
 
 @functools.lru_cache(maxsize=None)
-def simd_bytes() -> int:
+def host_simd_bytes() -> int:
   """Bytes in one SIMD register of this host: 64 with AVX-512, 32 with AVX2, else 16."""
   try:
     with open("/proc/cpuinfo") as f: flags = next((ln for ln in f if ln.startswith("flags")), "").split()

@@ -1,6 +1,6 @@
 """The code generator: kernel trees in, linear IR out (see linearize.py); symbolic.py does index math.
 
-`lower_item` is what engine/realize.py (and export.py) call: a ScheduleItem in, its Program out,
+`lower_item` is what engine/realize.py (and export/) call: a ScheduleItem in, its Program out,
 printing the kernel tree and the IR at DEBUG>=3. A scatter-add (a gather's gradient) has a lowering
 of its own (scatter.py). `opts` are the lanes, tiles and loop order to use (BEAM search's winner,
 engine/search.py); without them, opt.py's heuristic chooses.

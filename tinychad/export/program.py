@@ -1,4 +1,4 @@
-"""Export: the kernels of one realize as a standalone C program (the seed's PORT=1).
+"""The kernels of one realize as a standalone C program with a main() (the seed's PORT=1, and export_c).
 
 in: the tensors to compute, and optionally realized tensors that become the program's inputs
 out: C99 source holding every kernel of their schedule (the CPU device's own lowering and renderer),

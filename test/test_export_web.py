@@ -1,0 +1,83 @@
+"""The web demo (tinychad/examples/web.py) in a real browser: headless Chromium, driven by Playwright, loads the
+exported page, a "7" is drawn on its canvas with mouse strokes, and the page's prediction, computed by the
+model's WebAssembly in the page, must equal the Python model's on the same rasterized image (the page shows
+the 28x28 pixels it fed the model). A screenshot is saved (in the test's folder, and in $TINYCHAD_SCREENSHOTS
+when set). Also: `python -m tinychad.examples.web --export DIR` writes the page's files."""
+from __future__ import annotations
+import os
+import shutil
+import subprocess
+import sys
+import numpy as np
+import pytest
+from tinychad import Tensor, nn
+from tinychad.examples import web
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
+                  "--disable-component-update", "--disable-sync"]
+
+
+@pytest.fixture(scope="module")
+def trained_cnn(tmp_path_factory):
+  """A quick CNN (1 epoch on 4000 images: ~90% accurate), saved as the demo saves one."""
+  path = tmp_path_factory.mktemp("weights") / "mnist_cnn.safetensors"
+  model = web.load_cnn(path, quick_limit=4000)
+  assert path.exists()
+  return path, model
+
+
+def test_export_writes_the_page(tmp_path, trained_cnn):
+  path, _ = trained_cnn
+  result = subprocess.run([sys.executable, "-m", "tinychad.examples.web", "--weights", str(path), "--export", str(tmp_path)],
+                          capture_output=True, text=True, timeout=600)
+  assert result.returncode == 0, result.stderr
+  for name in ("index.html", "model.js", "model.wasm", "model.d.ts", "model.json"): assert (tmp_path / name).exists(), name
+  assert 'import { load } from "./model.js"' in (tmp_path / "index.html").read_text()
+
+
+def test_drawn_seven_is_read_in_the_browser(tmp_path, trained_cnn):
+  if CHROMIUM is None: pytest.skip("no chromium (Debian: apt-get install chromium; .ci/run installs it)")
+  sync_api = pytest.importorskip("playwright.sync_api", reason="no playwright (pip install playwright)")
+  _, model = trained_cnn
+  site = tmp_path / "site"
+  web.export_page(model, site)
+  server = web.serve(site, 0)
+  try:
+    with sync_api.sync_playwright() as p:
+      # a fresh profile folder (Playwright passes it as --user-data-dir)
+      browser = p.chromium.launch_persistent_context(tmp_path / "profile", executable_path=CHROMIUM, args=CHROMIUM_FLAGS,
+                                                     viewport={"width": 900, "height": 700})
+      page = browser.new_page()
+      errors = []
+      page.on("pageerror", lambda e: errors.append(str(e)))
+      page.goto(f"http://127.0.0.1:{server.server_address[1]}/index.html")
+      page.wait_for_function("window.modelReady === true || window.modelError", timeout=30000)
+      assert page.evaluate("window.modelError || null") is None
+      box = page.locator("#pad").bounding_box()
+      at = lambda x, y: (box["x"] + x * box["width"] / 280, box["y"] + y * box["height"] / 280)
+      # a 7: the top bar left to right, then the slanted stem down to the bottom left
+      strokes = [[(75, 60), (205, 60)], [(205, 60), (120, 235)]]
+      for stroke in strokes:
+        page.mouse.move(*at(*stroke[0]))
+        page.mouse.down()
+        for t in np.linspace(0, 1, 12)[1:]:
+          page.mouse.move(*at(*[a + (b - a) * t for a, b in zip(*stroke)]))
+        page.mouse.up()
+      page.wait_for_function("window.lastProbs && document.getElementById('prediction').dataset.digit !== ''")
+      shown = int(page.locator("#prediction").inner_text())
+      pixels = np.array(page.evaluate("window.lastPixels"), dtype=np.float32).reshape(1, 1, 28, 28)
+      page_probs = np.array(page.evaluate("window.lastProbs"), dtype=np.float32)
+      screenshot = tmp_path / "web_demo.png"
+      page.screenshot(path=str(screenshot))
+      if os.getenv("TINYCHAD_SCREENSHOTS"): shutil.copyfile(screenshot, os.path.join(os.environ["TINYCHAD_SCREENSHOTS"], "web_demo.png"))
+      browser.close()
+  finally:
+    server.shutdown()
+  assert not errors, errors
+  assert pixels.max() == 1.0 and 40 < (pixels > 0.5).sum() < 400, "the page rasterized the drawing into a digit-sized image"
+  python_probs = web.probabilities(nn.eval(model))(Tensor(pixels)).numpy()[0]
+  np.testing.assert_allclose(page_probs, python_probs, rtol=1e-4, atol=1e-5)
+  assert shown == int(python_probs.argmax())
+  assert shown == 7, f"the quick CNN read the drawn 7 as {shown} ({python_probs.round(3)})"
+  assert screenshot.stat().st_size > 10_000
