@@ -1,8 +1,8 @@
-"""helpers.py: the atomic file write every saved file goes through, and permutation inversion."""
+"""helpers.py: the atomic file write every saved file goes through, permutation inversion, environment flags."""
 import os
 import itertools
 import pytest
-from tinychad.helpers import atomic_open, atomic_write, inverse_permutation
+from tinychad.helpers import atomic_open, atomic_write, getenv, inverse_permutation
 
 
 def test_atomic_write_replaces_whole_file(tmp_path):
@@ -46,3 +46,17 @@ def test_inverse_permutation_undoes_the_permutation(n):
     inverse = inverse_permutation(order)
     assert tuple(order[i] for i in inverse) == tuple(range(n))
     assert tuple(inverse[i] for i in order) == tuple(range(n))
+
+
+def test_getenv_sees_every_change_to_the_environment(monkeypatch):
+  # getenv reads os.environ's own dict, not a copy: a flag set, changed or removed at run time is seen at once
+  monkeypatch.delenv("TINYCHAD_TEST_FLAG", raising=False)
+  assert getenv("TINYCHAD_TEST_FLAG", 7) == 7 and getenv("TINYCHAD_TEST_FLAG", "") == ""
+  monkeypatch.setenv("TINYCHAD_TEST_FLAG", "3")
+  assert getenv("TINYCHAD_TEST_FLAG", 0) == 3 and getenv("TINYCHAD_TEST_FLAG", "") == "3"
+  os.environ["TINYCHAD_TEST_FLAG"] = "0"
+  assert getenv("TINYCHAD_TEST_FLAG", 0) == 0 and getenv("TINYCHAD_TEST_FLAG", True) is False
+  monkeypatch.setenv("TINYCHAD_TEST_FLAG", "caf\u00e9")
+  assert getenv("TINYCHAD_TEST_FLAG", "") == "caf\u00e9" == os.getenv("TINYCHAD_TEST_FLAG")
+  monkeypatch.delenv("TINYCHAD_TEST_FLAG")
+  assert getenv("TINYCHAD_TEST_FLAG", 5) == 5

@@ -92,3 +92,12 @@ def test_the_cache_forgets_the_least_recent(schedulings, monkeypatch):
   for op in (lambda t: t + 1, lambda t: t * 2, lambda t: t - 3, lambda t: t + 1):
     create_schedule([op(x).lazydata])
   assert len(schedule_cache._templates) == 2 and schedulings[0] == 4
+
+
+def test_float_constants_key_by_value(schedulings):
+  # a float constant keys as its value (NaN as its bits, so it equals itself): equal values share a schedule,
+  # different ones don't, and each computes its own numbers
+  x = Tensor(_data(16)).realize()
+  for scale in (2.5, 2.5, 3.5, float("nan"), float("nan"), float("inf")):
+    np.testing.assert_allclose((x * scale).numpy(), x.numpy() * np.float32(scale), rtol=1e-6)
+  assert schedulings[0] == 4

@@ -4,9 +4,9 @@ in: the LazyBuffers to realize
 out: a key for the shape of their graph, and for a key seen before the kernels scheduled then, over
      this graph's buffers.
 The key lists every LazyBuffer reachable from the outputs (down to realized bases), sources first
-(helpers.toposort's order), as what the scheduler reads of it: a view is its ShapeTracker and its base's position; a
-realized base its device, dtype and shape; any other base its op, argument, dtype, device, shape and
-its sources' positions. Which buffers are shared, and which are the outputs, are in the positions.
+(helpers.toposort's order), as what the scheduler reads of it: a view is its ShapeTracker and its
+base's position; a realized base its device, dtype and shape; any other base its op, argument, dtype,
+device, shape and its sources' positions. Which buffers are shared, and which are the outputs, are in the positions.
 Two graphs with equal keys differ only in which buffers they hold, so the scheduler's fusion choices
 and kernel trees are the same: a ScheduleItem is kept as its kernel tree and the positions of its
 output and inputs. Buffers the scheduler made itself (packed panels) are made anew each time.
