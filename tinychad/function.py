@@ -9,11 +9,12 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from tinychad.dtype import dtypes
-from tinychad.helpers import inverse_permutation
+from tinychad.helpers import getenv, inverse_permutation
+from tinychad.host import simd_bytes
 from tinychad.lazy import LazyBuffer
-from tinychad.ops import UnaryOps, BinaryOps, TernaryOps, ReduceOps, LoadOps
+from tinychad.ops import AttentionArg, UnaryOps, BinaryOps, TernaryOps, ReduceOps, LoadOps
 
 
 class Function:
@@ -827,3 +828,77 @@ class ConvTranspose(Function):
       x_cl = _channels_last(self.x) if weight_reads_cl else None
       grad_w = _conv_weight_gradient(grad_padded, self.x, x_cl, self.weight.shape, self.geo)
     return grad_x, grad_w
+
+
+# ---- attention ----
+class Attention(Function):
+  """softmax(q k^T * scale + mask) v on (batch, heads, length, dim) inputs, flash-style: each kernel
+  (codegen/attention.py, its buffers in ops.AttentionArg) runs an online softmax over blocks of keys, so no
+  score matrix is ever stored. Forward keeps the output and each query row's log-sum-exp; backward recomputes
+  the scores blockwise from them, in a dq kernel (per query row) and a dkv kernel (per key row). Only a float
+  mask that needs a gradient gets a score-sized buffer: the gradient of the mask is one."""
+  def forward(self, q: LazyBuffer, k: LazyBuffer, v: LazyBuffer, mask: LazyBuffer | None = None, *, scale: float,
+              causal: bool, window: int) -> LazyBuffer:
+    batch, heads, length, dim = q.shape
+    kv_heads, source, vdim = k.shape[1], k.shape[2], v.shape[3]
+    lanes = 1 if getenv("NOOPT", 0) else max(1, simd_bytes() // q.dtype.itemsize)
+    self.arg = AttentionArg("forward", batch, heads, kv_heads, length, source, dim, vdim, scale, causal, window,
+                            "" if mask is None else "bool" if mask.dtype == dtypes.bool else "add", (0, 0, 0, 0), lanes)
+    self.q, self.k, self.v, self.mask = q, k, v, mask
+    self.kT = _lanes_last(k.permute((0, 1, 3, 2)), lanes)
+    masks, strides = _mask_lanes(mask, lanes, transposed=False)
+    rows = batch * heads * length
+    self.out = q.attention((self.kT, _lanes_last(v, lanes, axis=2)) + masks, _arg(self.arg, "forward", strides),
+                           rows * (vdim + 1))
+    return self.out.shrink(((0, rows * vdim),)).reshape((batch, heads, length, vdim))
+
+  def backward(self, grad: LazyBuffer) -> tuple[LazyBuffer | None, ...]:
+    a, q, k, v = self.arg, self.q, self.k, self.v
+    rows, lanes = a.batch * a.heads * a.length, a.lanes
+    out = self.out.shrink(((0, rows * a.vdim),)).reshape(grad.shape)
+    lse2 = _lanes_last(self.out.shrink(((rows * a.vdim, rows * (a.vdim + 1)),)).reshape(grad.shape[:3]), lanes)
+    delta = _lanes_last(grad.e(BinaryOps.MUL, out).r(ReduceOps.SUM, (3,)).reshape(grad.shape[:3]), lanes)
+    needs = self.needs_input_grad + [False] * (4 - len(self.needs_input_grad))
+    dq = dk = dv = dmask = None
+    query_side = (self.kT, _lanes_last(k, lanes, axis=2), _lanes_last(v.permute((0, 1, 3, 2)), lanes), grad, lse2, delta)
+    masks, strides = _mask_lanes(self.mask, lanes, transposed=False)
+    if needs[0]:
+      dq = q.attention(query_side + masks, _arg(a, "dq", strides), q.size).reshape(q.shape)
+    if needs[1] or needs[2]:
+      masks_t, strides_t = _mask_lanes(self.mask, lanes, transposed=True)
+      key_side = (v, _lanes_last(q.permute((0, 1, 3, 2)), lanes), _lanes_last(q, lanes, axis=2),
+                  _lanes_last(grad.permute((0, 1, 3, 2)), lanes), _lanes_last(grad, lanes, axis=2), lse2, delta)
+      both = k.attention(key_side + masks_t, _arg(a, "dkv", strides_t), k.size + v.size)
+      dk = both.shrink(((0, k.size),)).reshape(k.shape) if needs[1] else None
+      dv = both.shrink(((k.size, k.size + v.size),)).reshape(v.shape) if needs[2] else None
+    if self.mask is not None and a.mask == "add" and needs[3]:
+      padded = -(-a.source // lanes) * lanes
+      scores = q.attention(query_side + masks, _arg(a, "dmask", strides), rows * padded)
+      scores = scores.reshape((a.batch, a.heads, a.length, padded)).shrink(((0, a.batch), (0, a.heads), (0, a.length), (0, a.source)))
+      broadcast = tuple(i for i, n in enumerate(self.mask.shape) if n == 1 and scores.shape[i] != 1)
+      dmask = scores.r(ReduceOps.SUM, broadcast) if broadcast else scores
+    return (dq, dk, dv, dmask)[:len(self.needs_input_grad)]
+
+
+def _arg(arg: AttentionArg, mode: str, mask_strides: tuple[int, int, int, int]) -> AttentionArg:
+  return replace(arg, mode=mode, mask_strides=mask_strides)
+
+
+def _lanes_last(x: LazyBuffer, lanes: int, axis: int = -1) -> LazyBuffer:
+  """x with `axis` padded with zeros to a multiple of `lanes` (an attention kernel's lane axis or rows)."""
+  axis = axis % len(x.shape)
+  extra = -x.shape[axis] % lanes
+  return x.pad(tuple((0, extra if i == axis else 0) for i in range(len(x.shape)))) if extra else x
+
+
+def _mask_lanes(mask: LazyBuffer | None, lanes: int, transposed: bool) -> tuple[tuple[LazyBuffer, ...], tuple[int, int, int, int]]:
+  """The mask as an attention kernel reads it: (batch, head, row, lane) with the lane axis (keys, or queries when
+  `transposed`) last and padded, and its strides in elements (0 along a broadcast axis)."""
+  if mask is None: return (), (0, 0, 0, 0)
+  if transposed: mask = mask.permute((0, 1, 3, 2))
+  if mask.shape[3] > 1: mask = _lanes_last(mask, lanes)
+  shape, strides, step = mask.shape, [0, 0, 0, 0], 1
+  for i in reversed(range(4)):
+    if shape[i] > 1: strides[i] = step
+    step *= shape[i]
+  return (mask,), tuple(strides)
