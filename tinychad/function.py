@@ -831,6 +831,11 @@ class ConvTranspose(Function):
 
 
 # ---- attention ----
+# SIMD vectors of keys per step of an attention kernel's loop: the forward pass finds one maximum and rescales its
+# running sums once per step, so a step of 4 vectors (64 float32 keys) spends a quarter as much on that
+ATTENTION_BLOCK_VECTORS = 4
+
+
 class Attention(Function):
   """softmax(q k^T * scale + mask) v on (batch, heads, length, dim) inputs, flash-style: each kernel
   (codegen/attention.py, its buffers in ops.AttentionArg) runs an online softmax over blocks of keys, so no
@@ -843,36 +848,38 @@ class Attention(Function):
     kv_heads, source, vdim = k.shape[1], k.shape[2], v.shape[3]
     lanes = 1 if getenv("NOOPT", 0) else max(1, simd_bytes() // q.dtype.itemsize)
     self.arg = AttentionArg("forward", batch, heads, kv_heads, length, source, dim, vdim, scale, causal, window,
-                            "" if mask is None else "bool" if mask.dtype == dtypes.bool else "add", (0, 0, 0, 0), lanes)
+                            "" if mask is None else "bool" if mask.dtype == dtypes.bool else "add", (0, 0, 0, 0), lanes,
+                            lanes * ATTENTION_BLOCK_VECTORS)
+    block = self.arg.block
     self.q, self.k, self.v, self.mask = q, k, v, mask
-    self.kT = _lanes_last(k.permute((0, 1, 3, 2)), lanes)
-    masks, strides = _mask_lanes(mask, lanes, transposed=False)
+    self.kT = _padded_to(k.permute((0, 1, 3, 2)), block)
+    masks, strides = _mask_lanes(mask, block, transposed=False)
     rows = batch * heads * length
-    self.out = q.attention((self.kT, _lanes_last(v, lanes, axis=2)) + masks, _arg(self.arg, "forward", strides),
+    self.out = q.attention((self.kT, _padded_to(v, block, axis=2)) + masks, _arg(self.arg, "forward", strides),
                            rows * (vdim + 1))
     return self.out.shrink(((0, rows * vdim),)).reshape((batch, heads, length, vdim))
 
   def backward(self, grad: LazyBuffer) -> tuple[LazyBuffer | None, ...]:
     a, q, k, v = self.arg, self.q, self.k, self.v
-    rows, lanes = a.batch * a.heads * a.length, a.lanes
+    rows, block = a.batch * a.heads * a.length, a.block
     out = self.out.shrink(((0, rows * a.vdim),)).reshape(grad.shape)
-    lse2 = _lanes_last(self.out.shrink(((rows * a.vdim, rows * (a.vdim + 1)),)).reshape(grad.shape[:3]), lanes)
-    delta = _lanes_last(grad.e(BinaryOps.MUL, out).r(ReduceOps.SUM, (3,)).reshape(grad.shape[:3]), lanes)
+    lse2 = _padded_to(self.out.shrink(((rows * a.vdim, rows * (a.vdim + 1)),)).reshape(grad.shape[:3]), block)
+    delta = _padded_to(grad.e(BinaryOps.MUL, out).r(ReduceOps.SUM, (3,)).reshape(grad.shape[:3]), block)
     needs = self.needs_input_grad + [False] * (4 - len(self.needs_input_grad))
     dq = dk = dv = dmask = None
-    query_side = (self.kT, _lanes_last(k, lanes, axis=2), _lanes_last(v.permute((0, 1, 3, 2)), lanes), grad, lse2, delta)
-    masks, strides = _mask_lanes(self.mask, lanes, transposed=False)
+    query_side = (self.kT, _padded_to(k, block, axis=2), _padded_to(v.permute((0, 1, 3, 2)), block), grad, lse2, delta)
+    masks, strides = _mask_lanes(self.mask, block, transposed=False)
     if needs[0]:
       dq = q.attention(query_side + masks, _arg(a, "dq", strides), q.size).reshape(q.shape)
     if needs[1] or needs[2]:
-      masks_t, strides_t = _mask_lanes(self.mask, lanes, transposed=True)
-      key_side = (v, _lanes_last(q.permute((0, 1, 3, 2)), lanes), _lanes_last(q, lanes, axis=2),
-                  _lanes_last(grad.permute((0, 1, 3, 2)), lanes), _lanes_last(grad, lanes, axis=2), lse2, delta)
+      masks_t, strides_t = _mask_lanes(self.mask, block, transposed=True)
+      key_side = (v, _padded_to(q.permute((0, 1, 3, 2)), block), _padded_to(q, block, axis=2),
+                  _padded_to(grad.permute((0, 1, 3, 2)), block), _padded_to(grad, block, axis=2), lse2, delta)
       both = k.attention(key_side + masks_t, _arg(a, "dkv", strides_t), k.size + v.size)
       dk = both.shrink(((0, k.size),)).reshape(k.shape) if needs[1] else None
       dv = both.shrink(((k.size, k.size + v.size),)).reshape(v.shape) if needs[2] else None
     if self.mask is not None and a.mask == "add" and needs[3]:
-      padded = -(-a.source // lanes) * lanes
+      padded = -(-a.source // block) * block
       scores = q.attention(query_side + masks, _arg(a, "dmask", strides), rows * padded)
       scores = scores.reshape((a.batch, a.heads, a.length, padded)).shrink(((0, a.batch), (0, a.heads), (0, a.length), (0, a.source)))
       broadcast = tuple(i for i, n in enumerate(self.mask.shape) if n == 1 and scores.shape[i] != 1)
@@ -884,19 +891,19 @@ def _arg(arg: AttentionArg, mode: str, mask_strides: tuple[int, int, int, int]) 
   return replace(arg, mode=mode, mask_strides=mask_strides)
 
 
-def _lanes_last(x: LazyBuffer, lanes: int, axis: int = -1) -> LazyBuffer:
-  """x with `axis` padded with zeros to a multiple of `lanes` (an attention kernel's lane axis or rows)."""
+def _padded_to(x: LazyBuffer, block: int, axis: int = -1) -> LazyBuffer:
+  """x with `axis` padded with zeros to a multiple of `block` (an attention kernel's lane axis)."""
   axis = axis % len(x.shape)
-  extra = -x.shape[axis] % lanes
+  extra = -x.shape[axis] % block
   return x.pad(tuple((0, extra if i == axis else 0) for i in range(len(x.shape)))) if extra else x
 
 
-def _mask_lanes(mask: LazyBuffer | None, lanes: int, transposed: bool) -> tuple[tuple[LazyBuffer, ...], tuple[int, int, int, int]]:
+def _mask_lanes(mask: LazyBuffer | None, block: int, transposed: bool) -> tuple[tuple[LazyBuffer, ...], tuple[int, int, int, int]]:
   """The mask as an attention kernel reads it: (batch, head, row, lane) with the lane axis (keys, or queries when
   `transposed`) last and padded, and its strides in elements (0 along a broadcast axis)."""
   if mask is None: return (), (0, 0, 0, 0)
   if transposed: mask = mask.permute((0, 1, 3, 2))
-  if mask.shape[3] > 1: mask = _lanes_last(mask, lanes)
+  if mask.shape[3] > 1: mask = _padded_to(mask, block)
   shape, strides, step = mask.shape, [0, 0, 0, 0], 1
   for i in reversed(range(4)):
     if shape[i] > 1: strides[i] = step

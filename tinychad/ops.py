@@ -98,7 +98,7 @@ class BufferOps(_OpEnum):
 class AttentionArg:
   """What a LoadOps.ATTENTION kernel computes: codegen/attention.py lowers it, runtime/ops_numpy.py runs it.
   Rows are (batch, head, query) for "forward", "dq" and "dmask", (batch, kv head, key) for "dkv"; the lane axis (keys,
-  or queries for "dkv") is vectorized `lanes` wide and padded with zeros to a multiple of `lanes` ("_p"). Buffers, all
+  or queries for "dkv") is vectorized `lanes` wide and padded with zeros to a multiple of `block` ("_p"). Buffers, all
   contiguous and row-major (B batch, H query heads, Hk kv heads, L queries, S keys, D q/k width, E v width):
     forward: out = o (B,H,L,E) then lse2 (B,H,L); in q (B,H,L,D), kT (B,Hk,D,S_p), v (B,Hk,S_p,E)[, mask]
     dq:      out = dq (B,H,L,D); in q, kT, k (B,Hk,S_p,D), vT (B,Hk,E,S_p), do (B,H,L,E), lse2 (B,H,L_p),
@@ -122,7 +122,8 @@ class AttentionArg:
   window: int                # 0: no window
   mask: str                  # "": none, "bool": True may attend, "add": added to the scaled scores
   mask_strides: tuple[int, int, int, int]  # elements per (batch, head, row, lane) step in the mask; 0 broadcasts
-  lanes: int
+  lanes: int                 # SIMD width along the lane axis
+  block: int                 # lanes axis positions per loop step (a multiple of lanes): padded to a multiple of it
 
 
 Op = UnaryOps | BinaryOps | TernaryOps | ReduceOps | MovementOps | LoadOps | BufferOps

@@ -25,8 +25,11 @@ from tinychad.dtype import DType, dtypes
 from tinychad.ops import COMPARISONS, AttentionArg, BinaryOps, KernelNode, TernaryOps, UnaryOps
 from tinychad.codegen.uops import Program, UOp, UOps
 
-# independent multiply-add chains a dot product or lane sum is split into (FMA latency x issue width)
+# independent multiply-add chains a dot product is split into, at least (FMA latency x issue width)
 PARTIAL_SUMS = 8
+# rows (queries; keys for dkv) per step of the parallel loop: each key (query) vector loaded serves them all. Their
+# accumulators stay in the 32 AVX-512 registers: 4 rows x 4 vectors of the output; dkv has two outputs per row
+TILE_ROWS = {"forward": 4, "dq": 4, "dmask": 1, "dkv": 2}
 
 
 def _width(n: int, lanes: int) -> int:
@@ -40,7 +43,7 @@ class _Kernel:
   def __init__(self, arg: AttentionArg, dtype: DType):
     self.a, self.dtype, self.lanes = arg, dtype, arg.lanes
     self.uops: list[UOp] = []
-    sizes = [arg.batch * max(arg.heads, 1) * _pad(max(arg.length, arg.source), arg.lanes) * max(arg.dim, arg.vdim, 1) * 2]
+    sizes = [arg.batch * max(arg.heads, 1) * _pad(max(arg.length, arg.source), arg.block) * max(arg.dim, arg.vdim, 1) * 2]
     self.idx = dtypes.int32 if max(sizes) < 2 ** 31 else dtypes.int64
 
   def emit(self, op: UOps, dtype: DType | None, srcs: tuple[UOp, ...] = (), arg: Any = None, vec: int = 1) -> UOp:
@@ -88,29 +91,37 @@ class _Kernel:
   def acc(self, value: float, vec: int) -> UOp: return self.emit(UOps.DEFINE_ACC, self.dtype, (), value, vec)
   def assign(self, acc: UOp, value: UOp) -> None: self.emit(UOps.ASSIGN, None, (acc, value), vec=acc.vec)
 
-  def dot(self, row: UOp, row_at: UOp, cols: UOp, cols_at: UOp, depth: int, stride: int) -> UOp:
-    """sum over d < depth of row[row_at + d] * cols[cols_at + d * stride + lane]: one value per lane."""
-    partial: list[UOp | None] = [None] * min(depth, PARTIAL_SUMS)
+  def dots(self, rows: list[UOp], row_buf: UOp, cols: UOp, cols_at: list[UOp], depth: int, stride: int) -> list[list[UOp]]:
+    """out[r][v] = sum over d < depth of row_buf[rows[r] + d] * cols[cols_at[v] + d * stride + lane]: the scores of
+    a tile of rows against a block of vectors, each column vector loaded once for all the rows."""
+    out: list[list[UOp | None]] = [[None] * len(cols_at) for _ in rows]
+    chains = max(1, PARTIAL_SUMS // (len(rows) * len(cols_at)))   # independent sums, to hide the FMA latency
+    parts = [[[None] * chains for _ in cols_at] for _ in rows]
     for d in range(depth):
-      term = self.alu(BinaryOps.MUL, self.load(cols, self.add(cols_at, d * stride), self.lanes), self.load(row, self.add(row_at, d)))
-      at = d % len(partial)
-      partial[at] = term if partial[at] is None else self.alu(BinaryOps.ADD, partial[at], term)
-    return _tree(self, BinaryOps.ADD, partial)
+      col = [self.load(cols, self.add(at, d * stride), self.lanes) for at in cols_at]
+      for r, row in enumerate(rows):
+        x = self.load(row_buf, self.add(row, d))
+        for v, c in enumerate(col):
+          term, slot = self.alu(BinaryOps.MUL, c, x), parts[r][v]
+          slot[d % chains] = term if slot[d % chains] is None else self.alu(BinaryOps.ADD, slot[d % chains], term)
+    return [[_tree(self, BinaryOps.ADD, parts[r][v]) for v in range(len(cols_at))] for r in range(len(rows))]
 
-  def weighted_rows(self, accs: list[UOp], weights: UOp, rows: UOp, rows_at: UOp, width: int) -> list[UOp]:
-    """accs[c] + sum over lanes l of weights[l] * rows[rows_at + l * width + c * w]: the weighted sum of a
-    block of `lanes` rows, each `width` wide, as len(accs) vectors of w = width // len(accs) lanes."""
-    w = width // len(accs)
-    splits = max(1, min(weights.vec, PARTIAL_SUMS // len(accs)))
-    parts: list[list[UOp]] = [[acc] for acc in accs]
-    for lane in range(weights.vec):
-      weight = self.lane(weights, lane)
-      for c, part in enumerate(parts):
-        term = self.alu(BinaryOps.MUL, self.load(rows, self.add(rows_at, lane * width + c * w), w), weight)
-        at = lane % splits + 1
-        if at < len(part): part[at] = self.alu(BinaryOps.ADD, part[at], term)
-        else: part.append(term)
-    return [_tree(self, BinaryOps.ADD, part) for part in parts]
+  def weighted(self, accs: list[list[UOp]], weights: list[list[UOp]], rows: UOp, rows_at: UOp, width: int) -> list[list[UOp]]:
+    """accs[r][c] + sum over the block's lanes n of weights[r][n // lanes][n % lanes] * rows[rows_at + n * width + c * w]:
+    each tile row's weighted sum of a block of `width`-wide rows (as len(accs[r]) vectors of w lanes). Each block row
+    is loaded once for the whole tile; the weights go through a scratch array, as a weight read from memory is a
+    broadcast load that the multiply-add can take as its operand."""
+    w = width // len(accs[0])
+    scratch = self.scratch
+    for r, row in enumerate(weights):
+      for v, x in enumerate(row): self.emit(UOps.STORE, None, (scratch, self.const((r * len(row) + v) * self.lanes), x))
+    out = [list(a) for a in accs]
+    for n in range(len(weights[0]) * self.lanes):
+      block_row = [self.load(rows, self.add(rows_at, n * width + c * w), w) for c in range(len(accs[0]))]
+      for r in range(len(accs)):
+        weight = self.load(scratch, self.const(r * len(weights[0]) * self.lanes + n)) if self.lanes > 1 else weights[r][n]
+        for c, y in enumerate(block_row): out[r][c] = self.alu(BinaryOps.ADD, out[r][c], self.alu(BinaryOps.MUL, y, weight))
+    return out
 
   def lane_ids(self, first: UOp) -> UOp:
     """first + 0, 1, ..., lanes-1 as an index vector."""
@@ -134,7 +145,7 @@ def _scores(k: _Kernel, s: UOp, row: UOp, lane0: UOp, mask: UOp | None, mask_at:
   (or, in dkv, the key) of this row, lane0 the first key (query) of the lane block."""
   a, lanes = k.a, k.lanes
   hidden_by: list[UOp] = []
-  ragged = (a.length if a.mode == "dkv" else a.source) % lanes != 0
+  ragged = (a.length if a.mode == "dkv" else a.source) % a.block != 0
   if a.causal or a.window or ragged:
     ids = k.lane_ids(lane0)
     queries, keys = (ids, row) if a.mode == "dkv" else (row, ids)
@@ -150,21 +161,21 @@ def _scores(k: _Kernel, s: UOp, row: UOp, lane0: UOp, mask: UOp | None, mask_at:
   return k.alu(TernaryOps.WHERE, _tree(k, BinaryOps.OR, hidden_by), k.fconst(-math.inf), s)
 
 
-def _key_blocks(k: _Kernel, query: UOp, blocks: int) -> UOp:
-  """The loop over the key blocks query row `query` sees (all of them without causal or window)."""
-  a, lanes = k.a, k.lanes
+def _key_blocks(k: _Kernel, first: UOp, last: UOp, blocks: int) -> UOp:
+  """The loop over the key blocks that query rows first..last see (all of them without causal or window)."""
+  a, size = k.a, k.a.block
   if not (a.causal or a.window) or a.mode == "dmask": return k.loop("kblock", blocks)
-  hi = k.minimum(k.add(query, 1), a.source)
-  lo = k.maximum(k.add(query, 1 - a.window), 0) if a.window else k.const(0)
-  return k.loop("kblock", blocks, k.div(lo, lanes), k.div(k.add(hi, lanes - 1), lanes))
+  hi = k.minimum(k.add(last, 1), a.source)
+  lo = k.maximum(k.add(first, 1 - a.window), 0) if a.window else k.const(0)
+  return k.loop("kblock", blocks, k.div(lo, size), k.div(k.add(hi, size - 1), size))
 
 
-def _query_blocks(k: _Kernel, key: UOp, blocks: int) -> UOp:
-  """The loop over the query blocks that see key `key`."""
-  a, lanes = k.a, k.lanes
+def _query_blocks(k: _Kernel, first: UOp, last: UOp, blocks: int) -> UOp:
+  """The loop over the query blocks that see key rows first..last."""
+  a, size = k.a, k.a.block
   if not (a.causal or a.window): return k.loop("qblock", blocks)
-  hi = k.minimum(k.add(key, a.window), a.length) if a.window else k.const(a.length)
-  return k.loop("qblock", blocks, k.div(key, lanes), k.div(k.add(hi, lanes - 1), lanes))
+  hi = k.minimum(k.add(last, a.window), a.length) if a.window else k.const(a.length)
+  return k.loop("qblock", blocks, k.div(first, size), k.div(k.add(hi, size - 1), size))
 
 
 def lower_attention(node: KernelNode, name: str) -> Program:
@@ -176,107 +187,132 @@ def lower_attention(node: KernelNode, name: str) -> Program:
   if a.mask: names += ("mask",)
   bufs = {n: k.emit(UOps.DEFINE_GLOBAL, dtypes.bool if n == "mask" and a.mask == "bool" else node.dtype, (), (i + 1, False))
           for i, n in enumerate(names)}
-  if a.mode == "dkv": rows = _lower_dkv(k, out, bufs)
-  else: rows = _lower_query_rows(k, out, bufs)
-  return Program(name, k.uops, [out] + list(bufs.values()), parallel=rows, contract=True)
+  tile = 1 if k.lanes == 1 else TILE_ROWS[a.mode]
+  k.scratch = k.emit(UOps.DEFINE_LOCAL, node.dtype, (), tile * a.block)
+  if a.mode == "dkv": steps = _lower_dkv(k, out, bufs, tile)
+  else: steps = _lower_query_rows(k, out, bufs, tile)
+  return Program(name, k.uops, [out] + list(bufs.values()), parallel=steps, contract=True)
 
 
-def _lower_query_rows(k: _Kernel, out: UOp, bufs: dict[str, UOp]) -> int:
-  """The forward, dq and dmask kernels: one query row per iteration of the parallel loop."""
-  a, lanes = k.a, k.lanes
+def _tile(k: _Kernel, step: UOp, length: int, tile: int) -> tuple[UOp, UOp, list[UOp]]:
+  """(row, its (batch, head) number, the tile's rows) of a parallel step over tiles of `tile` rows of `length`: a
+  tile never spans two heads, and the rows past the last (a ragged last tile) repeat it, computing and storing
+  the same values again, so no row needs padding."""
+  per_head = -(-length // tile)
+  head, first = k.div(step, per_head), k.mul(k.mod(step, per_head), tile)
+  rows = [k.minimum(k.add(first, t), length - 1) if length % tile else k.add(first, t) for t in range(tile)]
+  return first, head, rows
+
+
+def _lower_query_rows(k: _Kernel, out: UOp, bufs: dict[str, UOp], tile: int) -> int:
+  """The forward, dq and dmask kernels: a tile of query rows of one head per step of the parallel loop."""
+  a, lanes, size = k.a, k.lanes, k.a.block
   L, S, D, E, H = a.length, a.source, a.dim, a.vdim, a.heads
-  S_p, L_p, rows, group = _pad(S, lanes), _pad(L, lanes), a.batch * H * L, H // a.kv_heads
-  r = k.loop("gidx0", rows, parallel=True)
-  i, bh = k.mod(r, L), k.div(r, L)
+  S_p, L_p, group = _pad(S, size), _pad(L, size), H // a.kv_heads
+  steps = a.batch * H * -(-L // tile)
+  step = k.loop("gidx0", steps, parallel=True)
+  first, bh, queries = _tile(k, step, L, tile)
+  rows = [k.add(k.mul(bh, L), i) for i in queries]                 # (batch, head, query) numbers
   h, b = k.mod(bh, H), k.div(bh, H)
   kv = k.add(k.mul(b, a.kv_heads), k.div(h, group))
   mb, mh, mr, _ = a.mask_strides
-  mask_at = k.add(k.add(k.mul(b, mb), k.mul(h, mh)), k.mul(i, mr)) if a.mask else None
-  log2e = 1 / math.log(2)
-  q_at, kT_at = k.mul(r, D), k.mul(kv, D * S_p)
-  if a.mode == "forward":
-    accs = [k.acc(0.0, _width(E, lanes)) for _ in range(E // _width(E, lanes))]
-    m, l = k.acc(-math.inf, 1), k.acc(0.0, lanes)
-  elif a.mode == "dq":
-    accs = [k.acc(0.0, _width(D, lanes)) for _ in range(D // _width(D, lanes))]
-  if a.mode != "forward":
-    lse2, delta = k.load(bufs["lse2"], k.add(k.mul(bh, L_p), i)), k.load(bufs["delta"], k.add(k.mul(bh, L_p), i))
-  block = _key_blocks(k, i, S_p // lanes)
-  j0 = k.mul(block, lanes)
-  s = k.alu(BinaryOps.MUL, k.dot(bufs["q"], q_at, bufs["kT"], k.add(kT_at, j0), D, S_p), k.fconst(a.scale * log2e))
-  s = _scores(k, s, i, j0, bufs.get("mask"), mask_at)
-  if a.mode == "forward":
-    m_new = k.alu(BinaryOps.MAX, m, k.across(BinaryOps.MAX, s))
-    # a row that has seen no key yet keeps m = -inf: shift by 0 there, so exp2 gives 0, not exp2(-inf + inf)
-    shift = k.alu(TernaryOps.WHERE, k.alu(BinaryOps.CMPEQ, m_new, k.fconst(-math.inf)), k.fconst(0.0), m_new)
-    correction = k.alu(UnaryOps.EXP2, k.alu(BinaryOps.SUB, m, shift))
-    p = k.alu(UnaryOps.EXP2, k.alu(BinaryOps.SUB, s, shift))
-    v_at = k.add(k.mul(kv, S_p * E), k.mul(j0, E))
-    new_accs = k.weighted_rows([k.alu(BinaryOps.MUL, acc, correction) for acc in accs], p, bufs["v"], v_at, E)
-    new_l = k.alu(BinaryOps.ADD, k.alu(BinaryOps.MUL, l, correction), p)
-    for acc, value in zip(accs, new_accs): k.assign(acc, value)
-    k.assign(l, new_l)
-    k.assign(m, m_new)
-    k.end(block)
-    total = k.across(BinaryOps.ADD, l)
-    empty = k.alu(BinaryOps.CMPEQ, total, k.fconst(0.0))
-    inverse = k.alu(TernaryOps.WHERE, empty, k.fconst(0.0), k.alu(UnaryOps.RECIP, total))
-    width = accs[0].vec
-    for c, acc in enumerate(accs):
-      k.emit(UOps.STORE, None, (out, k.add(k.mul(r, E), c * width), k.alu(BinaryOps.MUL, acc, inverse)))
-    lse = k.alu(TernaryOps.WHERE, empty, k.fconst(math.inf), k.alu(BinaryOps.ADD, m, k.alu(UnaryOps.LOG2, total)))
-    k.emit(UOps.STORE, None, (out, k.add(r, rows * E), lse))
+  masks_at = [k.add(k.add(k.mul(b, mb), k.mul(h, mh)), k.mul(i, mr)) for i in queries] if a.mask else [None] * tile
+  width = _width(E if a.mode == "forward" else D, lanes)
+  accs = [[k.acc(0.0, width) for _ in range((E if a.mode == "forward" else D) // width)] for _ in rows] \
+    if a.mode != "dmask" else []
+  if a.mode == "forward": m, l = [k.acc(-math.inf, 1) for _ in rows], [k.acc(0.0, lanes) for _ in rows]
   else:
-    p = k.alu(UnaryOps.EXP2, k.alu(BinaryOps.SUB, s, lse2))
-    dp = k.dot(bufs["do"], k.mul(r, E), bufs["vT"], k.add(k.mul(kv, E * S_p), j0), E, S_p)
-    ds = k.alu(BinaryOps.MUL, p, k.alu(BinaryOps.SUB, dp, delta))
+    stats = [k.add(k.mul(bh, L_p), i) for i in queries]
+    lse2, delta = [k.load(bufs["lse2"], at) for at in stats], [k.load(bufs["delta"], at) for at in stats]
+  block = _key_blocks(k, first, queries[-1], S_p // size)
+  starts = [k.add(k.mul(block, size), v * lanes) for v in range(size // lanes)]   # each vector's first key
+  kT_at = k.mul(kv, D * S_p)
+  dots = k.dots([k.mul(r, D) for r in rows], bufs["q"], bufs["kT"], [k.add(kT_at, j0) for j0 in starts], D, S_p)
+  scores = [[_scores(k, k.alu(BinaryOps.MUL, s, k.fconst(a.scale / math.log(2))), i, j0, bufs.get("mask"), at)
+             for s, j0 in zip(row, starts)] for row, i, at in zip(dots, queries, masks_at)]
+  if a.mode == "forward":
+    weights, new_accs, new_l, new_m = [], [], [], []
+    for t in range(tile):
+      m_new = k.alu(BinaryOps.MAX, m[t], k.across(BinaryOps.MAX, _tree(k, BinaryOps.MAX, scores[t])))
+      # a row that has seen no key yet keeps m = -inf: shift by 0 there, so exp2 gives 0, not exp2(-inf + inf)
+      shift = k.alu(TernaryOps.WHERE, k.alu(BinaryOps.CMPEQ, m_new, k.fconst(-math.inf)), k.fconst(0.0), m_new)
+      correction = k.alu(UnaryOps.EXP2, k.alu(BinaryOps.SUB, m[t], shift))
+      weights.append([k.alu(UnaryOps.EXP2, k.alu(BinaryOps.SUB, s, shift)) for s in scores[t]])
+      new_accs.append([k.alu(BinaryOps.MUL, acc, correction) for acc in accs[t]])
+      new_l.append(_tree(k, BinaryOps.ADD, [k.alu(BinaryOps.MUL, l[t], correction)] + weights[t]))
+      new_m.append(m_new)
+    new_accs = k.weighted(new_accs, weights, bufs["v"], k.add(k.mul(kv, S_p * E), k.mul(starts[0], E)), E)
+    for acc, value in zip(sum(accs, []) + l + m, sum(new_accs, []) + new_l + new_m): k.assign(acc, value)
+    k.end(block)
+    for t, row in enumerate(rows):
+      total = k.across(BinaryOps.ADD, l[t])
+      empty = k.alu(BinaryOps.CMPEQ, total, k.fconst(0.0))
+      inverse = k.alu(TernaryOps.WHERE, empty, k.fconst(0.0), k.alu(UnaryOps.RECIP, total))
+      for c, acc in enumerate(accs[t]):
+        k.emit(UOps.STORE, None, (out, k.add(k.mul(row, E), c * width), k.alu(BinaryOps.MUL, acc, inverse)))
+      lse = k.alu(TernaryOps.WHERE, empty, k.fconst(math.inf), k.alu(BinaryOps.ADD, m[t], k.alu(UnaryOps.LOG2, total)))
+      k.emit(UOps.STORE, None, (out, k.add(row, a.batch * H * L * E), lse))
+  else:
+    dps = k.dots([k.mul(r, E) for r in rows], bufs["do"], bufs["vT"], [k.add(k.mul(kv, E * S_p), j0) for j0 in starts], E, S_p)
+    ds = [[k.alu(BinaryOps.MUL, k.alu(UnaryOps.EXP2, k.alu(BinaryOps.SUB, s, lse2[t])), k.alu(BinaryOps.SUB, dp, delta[t]))
+           for s, dp in zip(scores[t], dps[t])] for t in range(tile)]
     if a.mode == "dmask":
-      k.emit(UOps.STORE, None, (out, k.add(k.mul(r, S_p), j0), ds))
+      for t, row in enumerate(rows):
+        for j0, x in zip(starts, ds[t]): k.emit(UOps.STORE, None, (out, k.add(k.mul(row, S_p), j0), x))
       k.end(block)
     else:
-      new_accs = k.weighted_rows(accs, ds, bufs["k"], k.add(k.mul(kv, S_p * D), k.mul(j0, D)), D)
-      for acc, value in zip(accs, new_accs): k.assign(acc, value)
+      new_accs = k.weighted(accs, ds, bufs["k"], k.add(k.mul(kv, S_p * D), k.mul(starts[0], D)), D)
+      for acc, value in zip(sum(accs, []), sum(new_accs, [])): k.assign(acc, value)
       k.end(block)
-      width = accs[0].vec
-      for c, acc in enumerate(accs):
-        k.emit(UOps.STORE, None, (out, k.add(k.mul(r, D), c * width), k.alu(BinaryOps.MUL, acc, k.fconst(a.scale))))
-  k.end(r)
-  return rows
+      for t, row in enumerate(rows):
+        for c, acc in enumerate(accs[t]):
+          k.emit(UOps.STORE, None, (out, k.add(k.mul(row, D), c * width), k.alu(BinaryOps.MUL, acc, k.fconst(a.scale))))
+  k.end(step)
+  return steps
 
 
-def _lower_dkv(k: _Kernel, out: UOp, bufs: dict[str, UOp]) -> int:
-  """The key and value gradients: one key row per iteration of the parallel loop, summed over the query
-  heads that share its kv head, the query blocks that see it running along the lanes."""
-  a, lanes = k.a, k.lanes
+def _lower_dkv(k: _Kernel, out: UOp, bufs: dict[str, UOp], tile: int) -> int:
+  """The key and value gradients: a tile of key rows of one kv head per step of the parallel loop, summed over the
+  query heads that share it, the query blocks that see it running along the lanes."""
+  a, lanes, size = k.a, k.lanes, k.a.block
   L, S, D, E, H, Hk = a.length, a.source, a.dim, a.vdim, a.heads, a.kv_heads
-  L_p, rows, group = _pad(L, lanes), a.batch * Hk * S, H // Hk
-  r = k.loop("gidx0", rows, parallel=True)
-  j, bk = k.mod(r, S), k.div(r, S)
+  L_p, group = _pad(L, size), H // Hk
+  steps = a.batch * Hk * -(-S // tile)
+  step = k.loop("gidx0", steps, parallel=True)
+  first, bk, keys = _tile(k, step, S, tile)
+  rows = [k.add(k.mul(bk, S), j) for j in keys]
   kv_head, b = k.mod(bk, Hk), k.div(bk, Hk)
-  dk = [k.acc(0.0, _width(D, lanes)) for _ in range(D // _width(D, lanes))]
-  dv = [k.acc(0.0, _width(E, lanes)) for _ in range(E // _width(E, lanes))]
+  wd, we = _width(D, lanes), _width(E, lanes)
+  dk = [[k.acc(0.0, wd) for _ in range(D // wd)] for _ in rows]
+  dv = [[k.acc(0.0, we) for _ in range(E // we)] for _ in rows]
   g = k.loop("group", group) if group > 1 else k.const(0)
   h = k.add(k.mul(kv_head, group), g)
   bh = k.add(k.mul(b, H), h)
   mb, mh, mr, _ = a.mask_strides
-  mask_at = k.add(k.add(k.mul(b, mb), k.mul(h, mh)), k.mul(j, mr)) if a.mask else None
-  block = _query_blocks(k, j, L_p // lanes)
-  i0 = k.mul(block, lanes)
-  s = k.dot(bufs["k"], k.mul(r, D), bufs["qT"], k.add(k.mul(bh, D * L_p), i0), D, L_p)
-  s = _scores(k, k.alu(BinaryOps.MUL, s, k.fconst(a.scale / math.log(2))), j, i0, bufs.get("mask"), mask_at)
-  stats_at = k.add(k.mul(bh, L_p), i0)
-  p = k.alu(UnaryOps.EXP2, k.alu(BinaryOps.SUB, s, k.load(bufs["lse2"], stats_at, lanes)))
-  dp = k.dot(bufs["v"], k.mul(r, E), bufs["doT"], k.add(k.mul(bh, E * L_p), i0), E, L_p)
-  ds = k.alu(BinaryOps.MUL, p, k.alu(BinaryOps.SUB, dp, k.load(bufs["delta"], stats_at, lanes)))
-  new_dv = k.weighted_rows(dv, p, bufs["do"], k.add(k.mul(bh, L_p * E), k.mul(i0, E)), E)
-  new_dk = k.weighted_rows(dk, ds, bufs["q"], k.add(k.mul(bh, L_p * D), k.mul(i0, D)), D)
-  for acc, value in zip(dv + dk, new_dv + new_dk): k.assign(acc, value)
+  masks_at = [k.add(k.add(k.mul(b, mb), k.mul(h, mh)), k.mul(j, mr)) for j in keys] if a.mask else [None] * tile
+  block = _query_blocks(k, first, keys[-1], L_p // size)
+  starts = [k.add(k.mul(block, size), v * lanes) for v in range(size // lanes)]
+  dots = k.dots([k.mul(r, D) for r in rows], bufs["k"], bufs["qT"], [k.add(k.mul(bh, D * L_p), i0) for i0 in starts], D, L_p)
+  dps = k.dots([k.mul(r, E) for r in rows], bufs["v"], bufs["doT"], [k.add(k.mul(bh, E * L_p), i0) for i0 in starts], E, L_p)
+  stats = [k.add(k.mul(bh, L_p), i0) for i0 in starts]
+  lse2, delta = [k.load(bufs["lse2"], at, lanes) for at in stats], [k.load(bufs["delta"], at, lanes) for at in stats]
+  p, ds = [], []
+  for t in range(tile):
+    s = [_scores(k, k.alu(BinaryOps.MUL, x, k.fconst(a.scale / math.log(2))), keys[t], i0, bufs.get("mask"), masks_at[t])
+         for x, i0 in zip(dots[t], starts)]
+    p.append([k.alu(UnaryOps.EXP2, k.alu(BinaryOps.SUB, x, y)) for x, y in zip(s, lse2)])
+    ds.append([k.alu(BinaryOps.MUL, x, k.alu(BinaryOps.SUB, dp, y)) for x, dp, y in zip(p[t], dps[t], delta)])
+  new_dv = k.weighted(dv, p, bufs["do"], k.add(k.mul(bh, L_p * E), k.mul(starts[0], E)), E)
+  new_dk = k.weighted(dk, ds, bufs["q"], k.add(k.mul(bh, L_p * D), k.mul(starts[0], D)), D)
+  for acc, value in zip(sum(dv + dk, []), sum(new_dv + new_dk, [])): k.assign(acc, value)
   k.end(block)
   if group > 1: k.end(g)
-  for accs, width, at, scale in ((dk, D, 0, a.scale), (dv, E, rows * D, 1.0)):
-    w = accs[0].vec
-    for c, acc in enumerate(accs):
-      value = k.alu(BinaryOps.MUL, acc, k.fconst(scale)) if scale != 1.0 else acc
-      k.emit(UOps.STORE, None, (out, k.add(k.add(k.mul(r, width), at), c * w), value))
-  k.end(r)
-  return rows
+  total_rows = a.batch * Hk * S
+  for t, row in enumerate(rows):
+    for accs, width, at, scale in ((dk[t], D, 0, a.scale), (dv[t], E, total_rows * D, 1.0)):
+      w = accs[0].vec
+      for c, acc in enumerate(accs):
+        value = k.alu(BinaryOps.MUL, acc, k.fconst(scale)) if scale != 1.0 else acc
+        k.emit(UOps.STORE, None, (out, k.add(k.add(k.mul(row, width), at), c * w), value))
+  k.end(step)
+  return steps

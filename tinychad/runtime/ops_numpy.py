@@ -57,7 +57,7 @@ def attention(node: KernelNode, out: np.ndarray, *inputs: np.ndarray) -> None:
   """A flash-attention kernel (see ops.AttentionArg for its buffers), computed per head with whole score matrices:
   the reference the compiled kernels are tested against, not a memory-frugal one."""
   a = node.arg
-  B, H, Hk, L, S, D, E, W = a.batch, a.heads, a.kv_heads, a.length, a.source, a.dim, a.vdim, a.lanes
+  B, H, Hk, L, S, D, E, W = a.batch, a.heads, a.kv_heads, a.length, a.source, a.dim, a.vdim, a.block
   S_p, L_p, group = -(-S // W) * W, -(-L // W) * W, H // Hk
   names = {"forward": ("q", "kT", "v"), "dq": ("q", "kT", "k", "vT", "do", "lse2", "delta"),
            "dkv": ("k", "v", "qT", "q", "doT", "do", "lse2", "delta")}[a.mode if a.mode != "dmask" else "dq"]
