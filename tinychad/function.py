@@ -832,7 +832,8 @@ class ConvTranspose(Function):
 
 # ---- attention ----
 # SIMD vectors of keys per step of an attention kernel's loop: the forward pass finds one maximum and rescales its
-# running sums once per step, so a step of 4 vectors (64 float32 keys) spends a quarter as much on that
+# running sums once per step, so a step of 4 vectors (64 float32 keys) spends a quarter as much on that (fewer for
+# short sequences: the lane axis is padded to a whole step)
 ATTENTION_BLOCK_VECTORS = 4
 
 
@@ -849,7 +850,7 @@ class Attention(Function):
     lanes = 1 if getenv("NOOPT", 0) else max(1, simd_bytes() // q.dtype.itemsize)
     self.arg = AttentionArg("forward", batch, heads, kv_heads, length, source, dim, vdim, scale, causal, window,
                             "" if mask is None else "bool" if mask.dtype == dtypes.bool else "add", (0, 0, 0, 0), lanes,
-                            lanes * ATTENTION_BLOCK_VECTORS)
+                            lanes * min(ATTENTION_BLOCK_VECTORS, -(-max(length, source) // lanes)))
     block = self.arg.block
     self.q, self.k, self.v, self.mask = q, k, v, mask
     self.kT = _padded_to(k.permute((0, 1, 3, 2)), block)

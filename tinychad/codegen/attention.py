@@ -25,8 +25,8 @@ from tinychad.dtype import DType, dtypes
 from tinychad.ops import COMPARISONS, AttentionArg, BinaryOps, KernelNode, TernaryOps, UnaryOps
 from tinychad.codegen.uops import Program, UOp, UOps
 
-# independent multiply-add chains a dot product is split into, at least (FMA latency x issue width)
-PARTIAL_SUMS = 8
+# how many times the compiler repeats the body of a dot product's or a weighted sum's loop
+UNROLL = 4
 # rows (queries; keys for dkv) per step of the parallel loop: each key (query) vector loaded serves them all. Their
 # accumulators stay in the 32 AVX-512 registers: 4 rows x 4 vectors of the output; dkv has two outputs per row
 TILE_ROWS = {"forward": 4, "dq": 4, "dmask": 1, "dkv": 2}
@@ -43,6 +43,7 @@ class _Kernel:
   def __init__(self, arg: AttentionArg, dtype: DType):
     self.a, self.dtype, self.lanes = arg, dtype, arg.lanes
     self.uops: list[UOp] = []
+    self.loops = 0
     sizes = [arg.batch * max(arg.heads, 1) * _pad(max(arg.length, arg.source), arg.block) * max(arg.dim, arg.vdim, 1) * 2]
     self.idx = dtypes.int32 if max(sizes) < 2 ** 31 else dtypes.int64
 
@@ -82,10 +83,11 @@ class _Kernel:
     """op over x's lanes (a tree, so the steps don't wait on each other)."""
     return _tree(self, op, [self.lane(x, i) for i in range(x.vec)])
 
-  def loop(self, name: str, extent: int, lo: UOp | None = None, hi: UOp | None = None, parallel: bool = False) -> UOp:
+  def loop(self, name: str, extent: int, lo: UOp | None = None, hi: UOp | None = None, parallel: bool = False,
+           unroll: int = 1) -> UOp:
     """A loop over [0, extent), or over [lo, hi) (both within it) when they are given."""
     srcs = () if lo is None else (lo, hi)
-    return self.emit(UOps.RANGE, self.idx, srcs, (name, extent, parallel, 1))
+    return self.emit(UOps.RANGE, self.idx, srcs, (name, extent, parallel, min(unroll, extent)))
 
   def end(self, loop: UOp) -> None: self.emit(UOps.ENDRANGE, None, (loop,))
   def acc(self, value: float, vec: int) -> UOp: return self.emit(UOps.DEFINE_ACC, self.dtype, (), value, vec)
@@ -93,35 +95,35 @@ class _Kernel:
 
   def dots(self, rows: list[UOp], row_buf: UOp, cols: UOp, cols_at: list[UOp], depth: int, stride: int) -> list[list[UOp]]:
     """out[r][v] = sum over d < depth of row_buf[rows[r] + d] * cols[cols_at[v] + d * stride + lane]: the scores of
-    a tile of rows against a block of vectors, each column vector loaded once for all the rows."""
-    out: list[list[UOp | None]] = [[None] * len(cols_at) for _ in rows]
-    chains = max(1, PARTIAL_SUMS // (len(rows) * len(cols_at)))   # independent sums, to hide the FMA latency
-    parts = [[[None] * chains for _ in cols_at] for _ in rows]
-    for d in range(depth):
-      col = [self.load(cols, self.add(at, d * stride), self.lanes) for at in cols_at]
-      for r, row in enumerate(rows):
-        x = self.load(row_buf, self.add(row, d))
-        for v, c in enumerate(col):
-          term, slot = self.alu(BinaryOps.MUL, c, x), parts[r][v]
-          slot[d % chains] = term if slot[d % chains] is None else self.alu(BinaryOps.ADD, slot[d % chains], term)
-    return [[_tree(self, BinaryOps.ADD, parts[r][v]) for v in range(len(cols_at))] for r in range(len(rows))]
+    a tile of rows against a block of vectors (accumulators, read after the loop), each column vector loaded once
+    for all the rows."""
+    out = [[self.acc(0.0, self.lanes) for _ in cols_at] for _ in rows]
+    d = self.loop(self.name("d"), depth, unroll=UNROLL)
+    col = [self.load(cols, self.add(at, self.mul(d, stride)), self.lanes) for at in cols_at]
+    for r, row in enumerate(rows):
+      x = self.load(row_buf, self.add(row, d))
+      for v, c in enumerate(col): self.assign(out[r][v], self.alu(BinaryOps.ADD, out[r][v], self.alu(BinaryOps.MUL, c, x)))
+    self.end(d)
+    return out
 
-  def weighted(self, accs: list[list[UOp]], weights: list[list[UOp]], rows: UOp, rows_at: UOp, width: int) -> list[list[UOp]]:
-    """accs[r][c] + sum over the block's lanes n of weights[r][n // lanes][n % lanes] * rows[rows_at + n * width + c * w]:
+  def weighted(self, accs: list[list[UOp]], weights: list[list[UOp]], rows: UOp, rows_at: UOp, width: int) -> None:
+    """accs[r][c] += sum over the block's lanes n of weights[r][n // lanes][n % lanes] * rows[rows_at + n * width + c * w]:
     each tile row's weighted sum of a block of `width`-wide rows (as len(accs[r]) vectors of w lanes). Each block row
     is loaded once for the whole tile; the weights go through a scratch array, as a weight read from memory is a
     broadcast load that the multiply-add can take as its operand."""
-    w = width // len(accs[0])
-    scratch = self.scratch
+    w, per_row = width // len(accs[0]), len(weights[0]) * self.lanes
     for r, row in enumerate(weights):
-      for v, x in enumerate(row): self.emit(UOps.STORE, None, (scratch, self.const((r * len(row) + v) * self.lanes), x))
-    out = [list(a) for a in accs]
-    for n in range(len(weights[0]) * self.lanes):
-      block_row = [self.load(rows, self.add(rows_at, n * width + c * w), w) for c in range(len(accs[0]))]
-      for r in range(len(accs)):
-        weight = self.load(scratch, self.const(r * len(weights[0]) * self.lanes + n)) if self.lanes > 1 else weights[r][n]
-        for c, y in enumerate(block_row): out[r][c] = self.alu(BinaryOps.ADD, out[r][c], self.alu(BinaryOps.MUL, y, weight))
-    return out
+      for v, x in enumerate(row): self.emit(UOps.STORE, None, (self.scratch, self.const(r * per_row + v * self.lanes), x))
+    n = self.loop(self.name("n"), per_row, unroll=UNROLL)
+    block_row = [self.load(rows, self.add(self.add(rows_at, self.mul(n, width)), c * w), w) for c in range(len(accs[0]))]
+    for r in range(len(accs)):
+      weight = self.load(self.scratch, self.add(n, r * per_row))
+      for acc, y in zip(accs[r], block_row): self.assign(acc, self.alu(BinaryOps.ADD, acc, self.alu(BinaryOps.MUL, y, weight)))
+    self.end(n)
+
+  def name(self, prefix: str) -> str:
+    self.loops += 1
+    return f"{prefix}{self.loops}"
 
   def lane_ids(self, first: UOp) -> UOp:
     """first + 0, 1, ..., lanes-1 as an index vector."""
@@ -231,18 +233,17 @@ def _lower_query_rows(k: _Kernel, out: UOp, bufs: dict[str, UOp], tile: int) -> 
   scores = [[_scores(k, k.alu(BinaryOps.MUL, s, k.fconst(a.scale / math.log(2))), i, j0, bufs.get("mask"), at)
              for s, j0 in zip(row, starts)] for row, i, at in zip(dots, queries, masks_at)]
   if a.mode == "forward":
-    weights, new_accs, new_l, new_m = [], [], [], []
+    weights = []
     for t in range(tile):
       m_new = k.alu(BinaryOps.MAX, m[t], k.across(BinaryOps.MAX, _tree(k, BinaryOps.MAX, scores[t])))
       # a row that has seen no key yet keeps m = -inf: shift by 0 there, so exp2 gives 0, not exp2(-inf + inf)
       shift = k.alu(TernaryOps.WHERE, k.alu(BinaryOps.CMPEQ, m_new, k.fconst(-math.inf)), k.fconst(0.0), m_new)
       correction = k.alu(UnaryOps.EXP2, k.alu(BinaryOps.SUB, m[t], shift))
       weights.append([k.alu(UnaryOps.EXP2, k.alu(BinaryOps.SUB, s, shift)) for s in scores[t]])
-      new_accs.append([k.alu(BinaryOps.MUL, acc, correction) for acc in accs[t]])
-      new_l.append(_tree(k, BinaryOps.ADD, [k.alu(BinaryOps.MUL, l[t], correction)] + weights[t]))
-      new_m.append(m_new)
-    new_accs = k.weighted(new_accs, weights, bufs["v"], k.add(k.mul(kv, S_p * E), k.mul(starts[0], E)), E)
-    for acc, value in zip(sum(accs, []) + l + m, sum(new_accs, []) + new_l + new_m): k.assign(acc, value)
+      for acc in accs[t]: k.assign(acc, k.alu(BinaryOps.MUL, acc, correction))
+      k.assign(l[t], _tree(k, BinaryOps.ADD, [k.alu(BinaryOps.MUL, l[t], correction)] + weights[t]))
+      k.assign(m[t], m_new)
+    k.weighted(accs, weights, bufs["v"], k.add(k.mul(kv, S_p * E), k.mul(starts[0], E)), E)
     k.end(block)
     for t, row in enumerate(rows):
       total = k.across(BinaryOps.ADD, l[t])
@@ -261,8 +262,7 @@ def _lower_query_rows(k: _Kernel, out: UOp, bufs: dict[str, UOp], tile: int) -> 
         for j0, x in zip(starts, ds[t]): k.emit(UOps.STORE, None, (out, k.add(k.mul(row, S_p), j0), x))
       k.end(block)
     else:
-      new_accs = k.weighted(accs, ds, bufs["k"], k.add(k.mul(kv, S_p * D), k.mul(starts[0], D)), D)
-      for acc, value in zip(sum(accs, []), sum(new_accs, [])): k.assign(acc, value)
+      k.weighted(accs, ds, bufs["k"], k.add(k.mul(kv, S_p * D), k.mul(starts[0], D)), D)
       k.end(block)
       for t, row in enumerate(rows):
         for c, acc in enumerate(accs[t]):
@@ -302,9 +302,8 @@ def _lower_dkv(k: _Kernel, out: UOp, bufs: dict[str, UOp], tile: int) -> int:
          for x, i0 in zip(dots[t], starts)]
     p.append([k.alu(UnaryOps.EXP2, k.alu(BinaryOps.SUB, x, y)) for x, y in zip(s, lse2)])
     ds.append([k.alu(BinaryOps.MUL, x, k.alu(BinaryOps.SUB, dp, y)) for x, dp, y in zip(p[t], dps[t], delta)])
-  new_dv = k.weighted(dv, p, bufs["do"], k.add(k.mul(bh, L_p * E), k.mul(starts[0], E)), E)
-  new_dk = k.weighted(dk, ds, bufs["q"], k.add(k.mul(bh, L_p * D), k.mul(starts[0], D)), D)
-  for acc, value in zip(sum(dv + dk, []), sum(new_dv + new_dk, [])): k.assign(acc, value)
+  k.weighted(dv, p, bufs["do"], k.add(k.mul(bh, L_p * E), k.mul(starts[0], E)), E)
+  k.weighted(dk, ds, bufs["q"], k.add(k.mul(bh, L_p * D), k.mul(starts[0], D)), D)
   k.end(block)
   if group > 1: k.end(g)
   total_rows = a.batch * Hk * S
