@@ -16,7 +16,8 @@ import tinychad.nn.functional as F
 from tinychad.ops import LoadOps
 from torch_reference import compare, random_inputs
 
-pytestmark = pytest.mark.usefixtures("each_device")
+# the numeric tests run on every device, and with NOOPT=1 (each_device); the checks of errors and schedules once
+on_each_device = pytest.mark.usefixtures("each_device")
 
 
 def _bool_mask(shape: tuple[int, ...], seed: int = 2, empty_row: int | None = None) -> np.ndarray:
@@ -52,6 +53,7 @@ CASES = {
 }
 
 
+@on_each_device
 @pytest.mark.parametrize("name", list(CASES))
 def test_matches_pytorch(name):
   case = CASES[name]
@@ -67,6 +69,7 @@ def test_matches_pytorch(name):
   compare(inputs, reference, lambda q, k, v, m=None: F.scaled_dot_product_attention(q, k, v, attn_mask=m, **kwargs), atol=2e-5)
 
 
+@on_each_device
 @pytest.mark.parametrize("window,length,source", [(1, 9, 9), (3, 21, 21), (16, 40, 40), (4, 30, 12)])
 def test_window_is_a_causal_band(window, length, source):
   """window=w: query i sees keys i - w < j <= i; PyTorch gets the same band as a bool mask."""
@@ -80,14 +83,17 @@ def test_window_is_a_causal_band(window, length, source):
           lambda q, k, v: F.scaled_dot_product_attention(q, k, v, window=window, is_causal=True), atol=2e-5)
 
 
+@on_each_device
 def test_float64():
   arrays = [np.random.default_rng(i).standard_normal(shape) for i, shape in enumerate([(1, 2, 19, 8), (1, 2, 23, 8), (1, 2, 23, 5)])]
+  band = torch.ones(19, 23, dtype=torch.bool).tril()
   out = compare(arrays + [_bool_mask((19, 23))],
-                lambda q, k, v, m: TF.scaled_dot_product_attention(q, k, v, attn_mask=m, is_causal=True),
+                lambda q, k, v, m: TF.scaled_dot_product_attention(q, k, v, attn_mask=m & band),
                 lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m, is_causal=True), atol=1e-12, rtol=1e-10)
   assert out[0].dtype == dtypes.float64
 
 
+@on_each_device
 def test_gradients_through_transposed_heads():
   """(batch, seq, heads, dim) projections viewed as (batch, heads, seq, dim), as attention layers make them."""
   compare([(2, 11, 3, 8), (2, 11, 3, 8), (2, 11, 3, 8)],
@@ -145,6 +151,7 @@ def test_no_score_sized_buffer_at_t1024():
     assert max(sizes) < T * T, f"a buffer of {max(sizes)} elements (T x T = {T * T})"
 
 
+@on_each_device
 def test_fully_masked_rows_give_zero_output_and_gradients():
   mask = np.ones((6, 9), dtype=bool)
   mask[2] = False
@@ -156,6 +163,7 @@ def test_fully_masked_rows_give_zero_output_and_gradients():
   assert np.all(out[0, 0, 2] == 0) and np.all(np.isfinite(out))
 
 
+@on_each_device
 def test_float16_computes_in_float32():
   rng = np.random.default_rng(1)
   arrays = [rng.standard_normal((1, 2, 10, 8)).astype(np.float16) for _ in range(3)]

@@ -2,21 +2,21 @@
 
 in: an ATTENTION kernel node (engine/schedule.py makes one per LoadOps.ATTENTION base); its arg, an
     ops.AttentionArg, says which of the four kernels it is and how its buffers are laid out
-out: a Program in uops.py's IR. The forward pass, per query row (split across threads):
-    m = -inf, l = 0, acc[E] = 0
-    for each block of `lanes` keys the row can see (causal and window rows skip the blocks they can't):
-      s = (q . k_j) * scale * log2(e) (+ mask), one key per SIMD lane; -inf where the key is hidden
+out: a Program in uops.py's IR. The forward pass, per tile of query rows of one head (split across threads):
+    m = -inf, l = 0, acc[E] = 0                                   (per row of the tile)
+    for each block of keys the tile can see (causal and window tiles skip the blocks none of its rows sees):
+      s = (q . k_j) * scale * log2(e) (+ mask), one key per SIMD lane, a few vectors of keys per block;
+          -inf where the key is hidden (mask, causal, window, padding)
       m' = max(m, max(s)); c = exp2(m - m'); p = exp2(s - m')
-      l = l * c + p (per lane); acc = acc * c + sum over lanes of p * v_j; m = m'
+      l = l * c + p (per lane); acc = acc * c + sum over the block's keys of p_j * v_j; m = m'
     o = acc / sum(l) (0 for a row that sees no key, as PyTorch); lse2 = m + log2(sum(l))
-  So no score matrix exists anywhere: a row block's scores, max and sum live in registers. The keys
-  are read transposed (kT: (D, S)), so a block's scores are D vector multiply-adds, no horizontal sums.
+  So no score matrix exists anywhere: a block's scores, max and sum live in registers. The keys are read
+  transposed (kT: (D, S)), so a block's scores are D vector multiply-adds, no horizontal sums; each key vector
+  loaded serves every row of the tile, and each row of v every row of the tile.
   The gradients recompute the scores block by block from lse2 (p = exp2(s - lse2)), never store them:
-    dq (per query row):  ds = p * (do . v_j - delta); dq += ds * k_j; dq *= scale
-    dkv (per key row, over the query heads that share it): dv += p * do_i; dk += ds * q_i; dk *= scale
+    dq (per tile of query rows):  ds = p * (do . v_j - delta); dq += ds * k_j; dq *= scale
+    dkv (per tile of key rows, over the query heads that share it): dv += p * do_i; dk += ds * q_i; dk *= scale
     dmask (per query row, only for a float mask that needs a gradient): the scores' gradient ds itself.
-A long dot product or lane sum is split into a few partial sums, so that the multiply-adds don't wait
-on each other's latency.
 """
 from __future__ import annotations
 import math
@@ -29,7 +29,7 @@ from tinychad.codegen.uops import Program, UOp, UOps
 UNROLL = 4
 # rows (queries; keys for dkv) per step of the parallel loop: each key (query) vector loaded serves them all. Their
 # accumulators stay in the 32 AVX-512 registers: 4 rows x 4 vectors of the output; dkv has two outputs per row
-TILE_ROWS = {"forward": 4, "dq": 4, "dmask": 1, "dkv": 2}
+TILE_ROWS = {"forward": 4, "dq": 4, "dmask": 1, "dkv": 4}
 
 
 def _width(n: int, lanes: int) -> int:
@@ -44,8 +44,11 @@ class _Kernel:
     self.a, self.dtype, self.lanes = arg, dtype, arg.lanes
     self.uops: list[UOp] = []
     self.loops = 0
-    sizes = [arg.batch * max(arg.heads, 1) * _pad(max(arg.length, arg.source), arg.block) * max(arg.dim, arg.vdim, 1) * 2]
-    self.idx = dtypes.int32 if max(sizes) < 2 ** 31 else dtypes.int64
+    # the largest element number any buffer is read or written at: a mask and dmask's output are score-sized
+    L_p, S_p, width = _pad(arg.length, arg.block), _pad(arg.source, arg.block), max(arg.dim, arg.vdim) + 1
+    largest = arg.batch * (arg.heads * L_p * width + arg.kv_heads * S_p * 2 * width)
+    if arg.mask or arg.mode == "dmask": largest = max(largest, arg.batch * arg.heads * L_p * S_p)
+    self.idx = dtypes.int32 if largest < 2 ** 31 else dtypes.int64
 
   def emit(self, op: UOps, dtype: DType | None, srcs: tuple[UOp, ...] = (), arg: Any = None, vec: int = 1) -> UOp:
     uop = UOp(op, dtype, srcs, arg, vec, len(self.uops))
