@@ -340,7 +340,7 @@ def _attention_inputs(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scal
     if mask.dtype != dtypes.bool and not mask.dtype.is_float:
       raise TypeError(f"{op}: attn_mask must be bool or float, got {mask.dtype.name}")
     full = batch + (heads, L, S)
-    if mask.ndim > len(full) or np.broadcast_shapes(mask.shape, full) != full:
+    if mask.ndim > len(full) or any(m not in (1, n) for m, n in zip(reversed(mask.shape), reversed(full))):
       raise ValueError(f"{op}: attn_mask {_shape_str(mask.shape)} doesn't broadcast to {_shape_str(full)} ({shapes})")
     aligned = (1,) * (len(full) - mask.ndim) + tuple(mask.shape)
     mask4 = mask.reshape(aligned)
