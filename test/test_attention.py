@@ -85,7 +85,8 @@ def test_window_is_a_causal_band(window, length, source):
 
 @on_each_device
 def test_float64():
-  arrays = [np.random.default_rng(i).standard_normal(shape) for i, shape in enumerate([(1, 2, 19, 8), (1, 2, 23, 8), (1, 2, 23, 5)])]
+  shapes = [(1, 2, 19, 8), (1, 2, 23, 8), (1, 2, 23, 5)]
+  arrays = [np.random.default_rng(i).standard_normal(shape) for i, shape in enumerate(shapes)]
   band = torch.ones(19, 23, dtype=torch.bool).tril()
   out = compare(arrays + [_bool_mask((19, 23))],
                 lambda q, k, v, m: TF.scaled_dot_product_attention(q, k, v, attn_mask=m & band),
@@ -96,9 +97,8 @@ def test_float64():
 @on_each_device
 def test_gradients_through_transposed_heads():
   """(batch, seq, heads, dim) projections viewed as (batch, heads, seq, dim), as attention layers make them."""
-  compare([(2, 11, 3, 8), (2, 11, 3, 8), (2, 11, 3, 8)],
-          lambda q, k, v: TF.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True),
-          lambda q, k, v: F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True))
+  def heads(fn): return lambda q, k, v: fn(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
+  compare([(2, 11, 3, 8), (2, 11, 3, 8), (2, 11, 3, 8)], heads(TF.scaled_dot_product_attention), heads(F.scaled_dot_product_attention))
 
 
 def test_attention_weights_path_agrees():

@@ -841,7 +841,7 @@ class Attention(Function):
   """softmax(q k^T * scale + mask) v on (batch, heads, length, dim) inputs, flash-style: each kernel
   (codegen/attention.py, its buffers in ops.AttentionArg) runs an online softmax over blocks of keys, so no
   score matrix is ever stored. Forward keeps the output and each query row's log-sum-exp; backward recomputes
-  the scores blockwise from them, in a dq kernel (per query row) and a dkv kernel (per key row). Only a float
+  the scores blockwise from them, in a dq kernel (over query rows) and a dkv kernel (over key rows). Only a float
   mask that needs a gradient gets a score-sized buffer: the gradient of the mask is one."""
   def forward(self, q: LazyBuffer, k: LazyBuffer, v: LazyBuffer, mask: LazyBuffer | None = None, *, scale: float,
               causal: bool, window: int) -> LazyBuffer:
@@ -882,7 +882,8 @@ class Attention(Function):
     if self.mask is not None and a.mask == "add" and needs[3]:
       padded = -(-a.source // block) * block
       scores = q.attention(query_side + masks, _arg(a, "dmask", strides), rows * padded)
-      scores = scores.reshape((a.batch, a.heads, a.length, padded)).shrink(((0, a.batch), (0, a.heads), (0, a.length), (0, a.source)))
+      scores = scores.reshape((a.batch, a.heads, a.length, padded))
+      scores = scores.shrink(((0, a.batch), (0, a.heads), (0, a.length), (0, a.source)))
       broadcast = tuple(i for i, n in enumerate(self.mask.shape) if n == 1 and scores.shape[i] != 1)
       dmask = scores.r(ReduceOps.SUM, broadcast) if broadcast else scores
     return (dq, dk, dv, dmask)[:len(self.needs_input_grad)]
@@ -899,7 +900,8 @@ def _padded_to(x: LazyBuffer, block: int, axis: int = -1) -> LazyBuffer:
   return x.pad(tuple((0, extra if i == axis else 0) for i in range(len(x.shape)))) if extra else x
 
 
-def _mask_lanes(mask: LazyBuffer | None, block: int, transposed: bool) -> tuple[tuple[LazyBuffer, ...], tuple[int, int, int, int]]:
+def _mask_lanes(mask: LazyBuffer | None, block: int,
+                transposed: bool) -> tuple[tuple[LazyBuffer, ...], tuple[int, int, int, int]]:
   """The mask as an attention kernel reads it: (batch, head, row, lane) with the lane axis (keys, or queries when
   `transposed`) last and padded, and its strides in elements (0 along a broadcast axis)."""
   if mask is None: return (), (0, 0, 0, 0)

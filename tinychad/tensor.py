@@ -1093,9 +1093,10 @@ class Tensor:
     return x + bias.reshape(shape) if bias is not None else x
 
   def scaled_dot_product_attention(self, key: Tensor, value: Tensor, attn_mask: Tensor | None = None,
-                                   dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None) -> Tensor:
+                                   dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
+                                   enable_gqa: bool = False, window: int | None = None) -> Tensor:
     from tinychad.nn.functional import scaled_dot_product_attention
-    return scaled_dot_product_attention(self, key, value, attn_mask, dropout_p, is_causal, scale)
+    return scaled_dot_product_attention(self, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, window)
 
   # ---- losses ----
   def cross_entropy(self, target: Tensor, reduction: str = "mean", label_smoothing: float = 0.0, ignore_index: int = -100) -> Tensor:

@@ -61,7 +61,8 @@ class _Kernel:
 
   def alu(self, op: Any, *srcs: UOp, dtype: DType | None = None) -> UOp:
     """op over the sources, as wide as the widest; of their dtype (a WHERE's values'), bool for a comparison."""
-    if dtype is None: dtype = dtypes.bool if op in COMPARISONS else srcs[1].dtype if op is TernaryOps.WHERE else srcs[0].dtype
+    if dtype is None:
+      dtype = dtypes.bool if op in COMPARISONS else srcs[1].dtype if op is TernaryOps.WHERE else srcs[0].dtype
     return self.emit(UOps.ALU, dtype, srcs, op, max(s.vec for s in srcs))
 
   # index arithmetic (ints are constants)
@@ -121,7 +122,8 @@ class _Kernel:
     block_row = [self.load(rows, self.add(self.add(rows_at, self.mul(n, width)), c * w), w) for c in range(len(accs[0]))]
     for r in range(len(accs)):
       weight = self.load(self.scratch, self.add(n, r * per_row))
-      for acc, y in zip(accs[r], block_row): self.assign(acc, self.alu(BinaryOps.ADD, acc, self.alu(BinaryOps.MUL, y, weight)))
+      for acc, y in zip(accs[r], block_row):
+        self.assign(acc, self.alu(BinaryOps.ADD, acc, self.alu(BinaryOps.MUL, y, weight)))
     self.end(n)
 
   def name(self, prefix: str) -> str:
@@ -257,7 +259,8 @@ def _lower_query_rows(k: _Kernel, out: UOp, bufs: dict[str, UOp], tile: int) -> 
       lse = k.alu(TernaryOps.WHERE, empty, k.fconst(math.inf), k.alu(BinaryOps.ADD, m[t], k.alu(UnaryOps.LOG2, total)))
       k.emit(UOps.STORE, None, (out, k.add(row, a.batch * H * L * E), lse))
   else:
-    dps = k.dots([k.mul(r, E) for r in rows], bufs["do"], bufs["vT"], [k.add(k.mul(kv, E * S_p), j0) for j0 in starts], E, S_p)
+    vT_at = [k.add(k.mul(kv, E * S_p), j0) for j0 in starts]
+    dps = k.dots([k.mul(r, E) for r in rows], bufs["do"], bufs["vT"], vT_at, E, S_p)
     ds = [[k.alu(BinaryOps.MUL, k.alu(UnaryOps.EXP2, k.alu(BinaryOps.SUB, s, lse2[t])), k.alu(BinaryOps.SUB, dp, delta[t]))
            for s, dp in zip(scores[t], dps[t])] for t in range(tile)]
     if a.mode == "dmask":

@@ -89,7 +89,8 @@ def attention(node: KernelNode, out: np.ndarray, *inputs: np.ndarray) -> None:
       top = scores.max(-1, keepdims=True)
       p = np.exp2(scores - np.where(top == -np.inf, 0, top))
       total = p.sum(-1, keepdims=True)
-      o = np.einsum("bhls,bhse->bhle", np.where(total == 0, 0, p / total), np.repeat(bufs["v"].reshape(B, Hk, S_p, E)[:, :, :S], group, 1))
+      v = np.repeat(bufs["v"].reshape(B, Hk, S_p, E)[:, :, :S], group, 1)
+      o = np.einsum("bhls,bhse->bhle", np.where(total == 0, 0, p / total), v)
       lse2 = np.where(total == 0, np.inf, top + np.log2(total))[..., 0]
       out[:] = np.concatenate([o.reshape(-1), lse2.reshape(-1)])
       return
