@@ -172,3 +172,25 @@ def test_float16_computes_in_float32():
   want = TF.scaled_dot_product_attention(*(torch.tensor(a.astype(np.float32)) for a in arrays), is_causal=True)
   np.testing.assert_allclose(out.numpy().astype(np.float32), want.numpy(), atol=2e-3)
   assert math.isfinite(float(out.numpy().astype(np.float32).sum()))
+
+
+def test_replayed_by_tinyjit_with_new_inputs():
+  """A jitted causal attention forward and backward replays its kernels on each call's own inputs."""
+  from tinychad import TinyJit
+
+  @TinyJit
+  def step(q, k, v):
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    out.sum().backward()
+    return out.realize(q.grad, k.grad, v.grad), q.grad, k.grad, v.grad
+
+  for seed in range(4):
+    arrays = [np.random.default_rng(seed * 3 + i).standard_normal(s).astype(np.float32)
+              for i, s in enumerate([(1, 4, 20, 8), (1, 2, 20, 8), (1, 2, 20, 8)])]
+    tensors = [Tensor(a, requires_grad=True) for a in arrays]
+    torch_in = [torch.tensor(a, requires_grad=True) for a in arrays]
+    want = TF.scaled_dot_product_attention(*torch_in, is_causal=True, enable_gqa=True)
+    want.sum().backward()
+    out, *grads = step(*tensors)
+    np.testing.assert_allclose(out.numpy(), want.detach().numpy(), atol=2e-5)
+    for grad, w in zip(grads, torch_in): np.testing.assert_allclose(grad.numpy(), w.grad.numpy(), atol=2e-5)
