@@ -9,11 +9,12 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from tinychad.dtype import dtypes
-from tinychad.helpers import inverse_permutation
+from tinychad.helpers import getenv, inverse_permutation
+from tinychad.host import simd_bytes
 from tinychad.lazy import LazyBuffer
-from tinychad.ops import UnaryOps, BinaryOps, TernaryOps, ReduceOps, LoadOps
+from tinychad.ops import AttentionArg, UnaryOps, BinaryOps, TernaryOps, ReduceOps, LoadOps
 
 
 class Function:
@@ -833,3 +834,87 @@ class ConvTranspose(Function):
       x_cl = _channels_last(self.x) if weight_reads_cl else None
       grad_w = _conv_weight_gradient(grad_padded, self.x, x_cl, self.weight.shape, self.geo)
     return grad_x, grad_w
+
+
+# ---- attention ----
+# SIMD vectors of keys per step of an attention kernel's loop: the forward pass finds one maximum and rescales its
+# running sums once per step, so a step of 4 vectors (64 float32 keys) spends a quarter as much on that (fewer for
+# short sequences: the lane axis is padded to a whole step)
+ATTENTION_BLOCK_VECTORS = 4
+
+
+class Attention(Function):
+  """softmax(q k^T * scale + mask) v on (batch, heads, length, dim) inputs, flash-style: each kernel
+  (codegen/attention.py, its buffers in ops.AttentionArg) runs an online softmax over blocks of keys, so no
+  score matrix is ever stored. Forward keeps the output and each query row's log-sum-exp; backward recomputes
+  the scores blockwise from them, in a dq kernel (over query rows) and a dkv kernel (over key rows). Only a float
+  mask that needs a gradient gets a score-sized buffer: the gradient of the mask is one."""
+  def forward(self, q: LazyBuffer, k: LazyBuffer, v: LazyBuffer, mask: LazyBuffer | None = None, *, scale: float,
+              causal: bool, window: int) -> LazyBuffer:
+    batch, heads, length, dim = q.shape
+    kv_heads, source, vdim = k.shape[1], k.shape[2], v.shape[3]
+    lanes = 1 if getenv("NOOPT", 0) else max(1, simd_bytes() // q.dtype.itemsize)
+    self.arg = AttentionArg("forward", batch, heads, kv_heads, length, source, dim, vdim, scale, causal, window,
+                            "" if mask is None else "bool" if mask.dtype == dtypes.bool else "add", (0, 0, 0, 0), lanes,
+                            lanes * min(ATTENTION_BLOCK_VECTORS, -(-max(length, source) // lanes)))
+    block = self.arg.block
+    self.q, self.k, self.v, self.mask = q, k, v, mask
+    self.kT = _padded_to(k.permute((0, 1, 3, 2)), block)
+    masks, strides = _mask_lanes(mask, block, transposed=False)
+    rows = batch * heads * length
+    self.out = q.attention((self.kT, _padded_to(v, block, axis=2)) + masks, _arg(self.arg, "forward", strides),
+                           rows * (vdim + 1))
+    return self.out.shrink(((0, rows * vdim),)).reshape((batch, heads, length, vdim))
+
+  def backward(self, grad: LazyBuffer) -> tuple[LazyBuffer | None, ...]:
+    a, q, k, v = self.arg, self.q, self.k, self.v
+    rows, block = a.batch * a.heads * a.length, a.block
+    out = self.out.shrink(((0, rows * a.vdim),)).reshape(grad.shape)
+    lse2 = _padded_to(self.out.shrink(((rows * a.vdim, rows * (a.vdim + 1)),)).reshape(grad.shape[:3]), block)
+    delta = _padded_to(grad.e(BinaryOps.MUL, out).r(ReduceOps.SUM, (3,)).reshape(grad.shape[:3]), block)
+    needs = self.needs_input_grad + [False] * (4 - len(self.needs_input_grad))
+    dq = dk = dv = dmask = None
+    query_side = (self.kT, _padded_to(k, block, axis=2), _padded_to(v.permute((0, 1, 3, 2)), block), grad, lse2, delta)
+    masks, strides = _mask_lanes(self.mask, block, transposed=False)
+    if needs[0]:
+      dq = q.attention(query_side + masks, _arg(a, "dq", strides), q.size).reshape(q.shape)
+    if needs[1] or needs[2]:
+      masks_t, strides_t = _mask_lanes(self.mask, block, transposed=True)
+      key_side = (v, _padded_to(q.permute((0, 1, 3, 2)), block), _padded_to(q, block, axis=2),
+                  _padded_to(grad.permute((0, 1, 3, 2)), block), _padded_to(grad, block, axis=2), lse2, delta)
+      both = k.attention(key_side + masks_t, _arg(a, "dkv", strides_t), k.size + v.size)
+      dk = both.shrink(((0, k.size),)).reshape(k.shape) if needs[1] else None
+      dv = both.shrink(((k.size, k.size + v.size),)).reshape(v.shape) if needs[2] else None
+    if self.mask is not None and a.mask == "add" and needs[3]:
+      padded = -(-a.source // block) * block
+      scores = q.attention(query_side + masks, _arg(a, "dmask", strides), rows * padded)
+      scores = scores.reshape((a.batch, a.heads, a.length, padded))
+      scores = scores.shrink(((0, a.batch), (0, a.heads), (0, a.length), (0, a.source)))
+      broadcast = tuple(i for i, n in enumerate(self.mask.shape) if n == 1 and scores.shape[i] != 1)
+      dmask = scores.r(ReduceOps.SUM, broadcast) if broadcast else scores
+    return (dq, dk, dv, dmask)[:len(self.needs_input_grad)]
+
+
+def _arg(arg: AttentionArg, mode: str, mask_strides: tuple[int, int, int, int]) -> AttentionArg:
+  return replace(arg, mode=mode, mask_strides=mask_strides)
+
+
+def _padded_to(x: LazyBuffer, block: int, axis: int = -1) -> LazyBuffer:
+  """x with `axis` padded with zeros to a multiple of `block` (an attention kernel's lane axis)."""
+  axis = axis % len(x.shape)
+  extra = -x.shape[axis] % block
+  return x.pad(tuple((0, extra if i == axis else 0) for i in range(len(x.shape)))) if extra else x
+
+
+def _mask_lanes(mask: LazyBuffer | None, block: int,
+                transposed: bool) -> tuple[tuple[LazyBuffer, ...], tuple[int, int, int, int]]:
+  """The mask as an attention kernel reads it: (batch, head, row, lane) with the lane axis (keys, or queries when
+  `transposed`) last and padded, and its strides in elements (0 along a broadcast axis)."""
+  if mask is None: return (), (0, 0, 0, 0)
+  if transposed: mask = mask.permute((0, 1, 3, 2))
+  if mask.shape[3] > 1: mask = _padded_to(mask, block)
+  shape, strides, step = mask.shape, [0, 0, 0, 0], 1
+  for i in reversed(range(4)):
+    if shape[i] > 1: strides[i] = step
+    step *= shape[i]
+  return (mask,), tuple(strides)

@@ -151,6 +151,12 @@ class LazyBuffer:
     return LazyBuffer(self.device, ShapeTracker.from_shape(shape), self.dtype, LoadOps.SCATTER_ADD, rows,
                       (self.contiguous(), indices.contiguous()))
 
+  def attention(self, srcs: tuple[LazyBuffer, ...], arg, size: int) -> LazyBuffer:
+    """A flash-attention kernel's flat output of `size` elements (ops.AttentionArg says what it holds), reading self
+    and srcs, each made contiguous first: a load op with a kernel of its own (codegen/attention.py)."""
+    return LazyBuffer(self.device, ShapeTracker.from_shape((size,)), self.dtype, LoadOps.ATTENTION, arg,
+                      tuple(x.contiguous() for x in (self,) + srcs))
+
   def copy_to_device(self, device: str) -> LazyBuffer:
     if device == self.device: return self
     src = self.contiguous()

@@ -84,6 +84,7 @@ class LoadOps(_OpEnum):
   GATHER = auto()      # rows of a table picked by integer indices: srcs = (table, indices), out[i..., j...] = table[indices[i...], j...]
   SCATTER_ADD = auto() # a gather's gradient: srcs = (rows (n, row...), indices (n,)), arg = table rows; out[r, j...] = the
                        # sum of rows[i, j...] over every i with indices[i] == r (an index outside the table adds nothing)
+  ATTENTION = auto()   # a flash-attention kernel (forward or a gradient): srcs, output and arg as AttentionArg says
 
 
 class BufferOps(_OpEnum):
@@ -91,6 +92,38 @@ class BufferOps(_OpEnum):
   CONST = auto()       # a constant read through a ShapeTracker (its mask makes padding): arg = (value, tracker)
   STORE = auto()       # write the kernel's result: arg = (buffer number, tracker)
   GATHER = auto()      # LOAD at a row given by srcs[0]: arg = (buffer number, tracker of row 0 over the kernel, row stride, rows); 0 outside [0, rows)
+
+
+@dataclass(frozen=True)
+class AttentionArg:
+  """What a LoadOps.ATTENTION kernel computes: codegen/attention.py lowers it, runtime/ops_numpy.py runs it.
+  Rows are (batch, head, query) for "forward", "dq" and "dmask", (batch, kv head, key) for "dkv"; the lane axis (keys,
+  or queries for "dkv") is vectorized `lanes` wide and padded with zeros to a multiple of `block` ("_p"). Buffers, all
+  contiguous and row-major (B batch, H query heads, Hk kv heads, L queries, S keys, D q/k width, E v width):
+    forward: out = o (B,H,L,E) then lse2 (B,H,L); in q (B,H,L,D), kT (B,Hk,D,S_p), v (B,Hk,S_p,E)[, mask]
+    dq:      out = dq (B,H,L,D); in q, kT, k (B,Hk,S_p,D), vT (B,Hk,E,S_p), do (B,H,L,E), lse2 (B,H,L_p),
+             delta (B,H,L_p)[, mask]
+    dmask:   out = the scores' gradient (B,H,L,S_p); in as dq
+    dkv:     out = dk (B,Hk,S,D) then dv (B,Hk,S,E); in k (B,Hk,S,D), v (B,Hk,S,E), qT (B,H,D,L_p), q (B,H,L_p,D),
+             doT (B,H,E,L_p), do (B,H,L_p,E), lse2, delta[, the mask transposed: its lane axis is the queries]
+  lse2 is a query row's log2 of the sum of exp2 of its base-2 scores (+inf for a row that sees no key); delta is
+  rowsum(do * o). Key j is visible to query i when the mask allows it, j <= i if causal, and i - window < j if
+  window > 0 (a window implies causal)."""
+  mode: str                  # "forward", "dq", "dmask" or "dkv"
+  batch: int
+  heads: int
+  kv_heads: int              # heads // kv_heads consecutive query heads share each key/value head
+  length: int                # L
+  source: int                # S
+  dim: int                   # D
+  vdim: int                  # E
+  scale: float
+  causal: bool
+  window: int                # 0: no window
+  mask: str                  # "": none, "bool": True may attend, "add": added to the scaled scores
+  mask_strides: tuple[int, int, int, int]  # elements per (batch, head, row, lane) step in the mask; 0 broadcasts
+  lanes: int                 # SIMD width along the lane axis
+  block: int                 # lanes axis positions per loop step (a multiple of lanes): padded to a multiple of it
 
 
 Op = UnaryOps | BinaryOps | TernaryOps | ReduceOps | MovementOps | LoadOps | BufferOps

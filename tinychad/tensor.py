@@ -1138,9 +1138,10 @@ class Tensor:
     return x + bias.reshape(shape) if bias is not None else x
 
   def scaled_dot_product_attention(self, key: Tensor, value: Tensor, attn_mask: Tensor | None = None,
-                                   dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None) -> Tensor:
+                                   dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
+                                   enable_gqa: bool = False, window: int | None = None) -> Tensor:
     from tinychad.nn.functional import scaled_dot_product_attention
-    return scaled_dot_product_attention(self, key, value, attn_mask, dropout_p, is_causal, scale)
+    return scaled_dot_product_attention(self, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, window)
 
   # ---- more of PyTorch's and tinygrad's ops (issue 23): compositions of the ops above ----
   def clone(self) -> Tensor:

@@ -3,7 +3,7 @@
 in: nothing (the types only)
 out: UOps (the instruction kinds), UOp (one typed instruction with its sources) and Program (a kernel's
      instructions in execution order, its arguments, and the facts a renderer needs about its loops).
-linearize.py and scatter.py make Programs; renderer/cstyle.py and renderer/llvmir.py write them out, so
+linearize.py, scatter.py and attention.py make Programs; renderer/cstyle.py and renderer/llvmir.py write them out, so
 the C and the LLVM backends cannot disagree about what a kernel computes.
 """
 from __future__ import annotations
@@ -18,7 +18,8 @@ class UOps(Enum):
   DEFINE_LOCAL = auto()   # a scratch array of the thread running the call: arg = elements; 64-byte aligned
   CONST = auto()          # a literal: arg = value; with vec > 1 the value in every lane
   RANGE = auto()          # open a loop: arg = (variable name, extent, parallel, unroll); a parallel loop runs
-                          # [start, end); unroll > 1 asks the compiler to repeat the body that many times
+                          # [start, end); unroll > 1 asks the compiler to repeat the body that many times;
+                          # srcs = (lo, hi), index values: the loop runs over [lo, hi) (within [0, extent))
   ENDRANGE = auto()       # close the loop in srcs[0]
   LOAD = auto()           # srcs = (buffer, index) or (buffer, index, gate); a false gate reads 0
   ALU = auto()            # arg = the op (UnaryOps/BinaryOps/TernaryOps); CAST/BITCAST convert to dtype

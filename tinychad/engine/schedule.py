@@ -8,7 +8,7 @@ Which bases get a kernel of their own (REALIZE_RULES; the first rule that holds 
 computed already is read from its buffer):
   - output: a base to realize is stored;
   - const: a constant is no buffer: each kernel that reads it has it inline;
-  - load_op: a load op (COPY, EMPTY, CONTIGUOUS, GATHER, SCATTER_ADD) is its own kernel;
+  - load_op: a load op (COPY, EMPTY, CONTIGUOUS, GATHER, SCATTER_ADD, ATTENTION) is its own kernel;
   - read_once: a base read once (one edge of the graph) is inlined into its reader's kernel (how: the
     read rules below);
   - one_kernel: a base whose every read lands in one kernel (erf's x*x, read by two polynomials) is
@@ -70,6 +70,10 @@ ROW_REDUCE_MAX_ELEMENTS = 8192
 ROW_REDUCE_MIN_ROWS = 16
 
 
+# the kernel trees that compile: a STORE root, or a load op with a lowering of its own
+_KERNEL_OPS = (BufferOps.STORE, LoadOps.SCATTER_ADD, LoadOps.ATTENTION)
+
+
 @dataclass
 class ScheduleItem:
   ast: KernelNode                  # STORE root for compute kernels; a LoadOps node for EMPTY / COPY
@@ -80,7 +84,7 @@ class ScheduleItem:
   _info: tuple[str, tuple[int, ...], int, int, int] | None = field(default=None, init=False, repr=False, compare=False)
 
   @property
-  def is_kernel(self) -> bool: return self.ast.op is BufferOps.STORE or self.ast.op is LoadOps.SCATTER_ADD
+  def is_kernel(self) -> bool: return self.ast.op in _KERNEL_OPS
 
   @property
   def info(self) -> tuple[str, tuple[int, ...], int, int, int]:
@@ -123,6 +127,14 @@ def _kernel_info(ast: KernelNode, out_shape: tuple[int, ...]) -> tuple[str, tupl
   if ast.op is LoadOps.SCATTER_ADD:
     rows, count, width, _ = ast.arg
     info = (f"scatter_add_{rows}_{count}_{width}", (count, width), 1)
+  elif ast.op is LoadOps.ATTENTION:
+    a = ast.arg
+    rows = a.batch * (a.kv_heads * a.source if a.mode == "dkv" else a.heads * a.length)
+    lanes = a.length if a.mode == "dkv" else a.source
+    # the multiply-adds of each (row, lane) pair: two dot products in the forward pass, four for dkv
+    ops = {"forward": 2 * (a.dim + a.vdim), "dq": 2 * (2 * a.dim + a.vdim), "dmask": 2 * (a.dim + a.vdim),
+           "dkv": 4 * (a.dim + a.vdim) * (a.heads // a.kv_heads)}[a.mode]
+    info = (f"attention_{a.mode}_{rows}_{lanes}_{a.dim}_{a.vdim}", (rows, lanes), ops)
   elif ast.op is not BufferOps.STORE:
     info = (ast.op.name.lower(), out_shape, 0)
   else:
@@ -298,6 +310,11 @@ class _Scheduler:
       for src in (rows, indices): self.realize(src)
       arg = (base.arg, indices.size, base.size // max(base.arg, 1), indices.dtype)
       self.items.append(ScheduleItem(KernelNode(LoadOps.SCATTER_ADD, (), arg, base.dtype), base, (rows, indices)))
+    elif base.op is LoadOps.ATTENTION:
+      # every source is contiguous (LazyBuffer.attention made them so): the kernel reads their buffers
+      srcs = tuple(src.base for src in base.srcs)
+      for src in srcs: self.realize(src)
+      self.items.append(ScheduleItem(KernelNode(LoadOps.ATTENTION, (), base.arg, base.dtype), base, srcs))
     else:
       builder = _KernelBuilder(self, base)
       ast = refine_kernel_shape(builder.kernel())

@@ -263,8 +263,9 @@ class MultiheadAttention(Module):
     mask = _merge_masks(attn_mask.reshape(N, H, L, S) if attn_mask is not None and attn_mask.ndim == 3 else attn_mask,
                         key_padding_mask.reshape(N, 1, 1, S) if key_padding_mask is not None else None)
     # an explicit attn_mask wins over the is_causal hint, as in PyTorch
-    attended, weights = F.attention(q, k, v, mask, self.dropout if self.training else 0.0,
-                                    is_causal and attn_mask is None)   # (N, H, L, E/H)
+    causal, dropout = is_causal and attn_mask is None, self.dropout if self.training else 0.0
+    if need_weights or dropout > 0: attended, weights = F.attention(q, k, v, mask, dropout, causal)   # (N, H, L, E/H)
+    else: attended, weights = F.scaled_dot_product_attention(q, k, v, mask, 0.0, causal), None     # flash-style
     out = self.out_proj(attended.permute(2, 0, 1, 3).reshape(L, N, E))
     if unbatched: out = out.squeeze(1)
     elif self.batch_first: out = out.transpose(0, 1)

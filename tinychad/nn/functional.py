@@ -371,27 +371,95 @@ def mse_loss(x: Tensor, target: Tensor, reduction: str = "mean") -> Tensor:
 
 
 def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None = None, dropout_p: float = 0.0,
-                                 is_causal: bool = False, scale: float | None = None) -> Tensor:
-  """softmax(q k^T * scale + mask) v, as PyTorch's: attn_mask is bool (True = may attend) or float (added)."""
-  return attention(q, k, v, attn_mask, dropout_p, is_causal, scale)[0]
+                                 is_causal: bool = False, scale: float | None = None, enable_gqa: bool = False,
+                                 window: int | None = None) -> Tensor:
+  """softmax(q k^T * scale + mask) v, as PyTorch's, on (..., heads, L, D) queries and (..., kv heads, S, D) keys and
+  (..., kv heads, S, E) values (2-d and 3-d inputs too). attn_mask is bool (True = may attend) or float (added to the
+  scaled scores), broadcast to (..., heads, L, S); is_causal lets query i see keys j <= i (PyTorch's top-left
+  alignment when L != S), and can be combined with a mask. enable_gqa: each of the kv heads serves heads // kv heads
+  consecutive query heads (PyTorch's grouped-query attention); one kv head serves all without it. window=w (tinychad's):
+  query i sees keys j with i - w < j <= i (a sliding window; it implies is_causal's j <= i). A query that sees no key
+  gets zeros, as in PyTorch. Computed flash-style (function.py's Attention): the forward and backward passes never
+  store the L x S scores, except as the gradient of a float mask that requires one. dropout_p > 0 (weights dropped at
+  random) takes the materialized path of `attention`."""
+  if dropout_p > 0: return attention(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, window)[0]
+  q4, k4, v4, mask4, out_shape, scale = _attention_inputs(q, k, v, attn_mask, scale, enable_gqa, window)
+  dtype = q4.dtype
+  if dtype not in (dtypes.float32, dtypes.float64):
+    # float16 and bfloat16 compute in float32 (the kernels sum in the inputs' dtype) and round once at the end
+    q4, k4, v4 = q4.float(), k4.float(), v4.float()
+    if mask4 is not None and mask4.dtype != dtypes.bool: mask4 = mask4.float()
+  out = F.Attention.apply(q4, k4, v4, *(() if mask4 is None else (mask4,)), scale=scale, causal=bool(is_causal),
+                          window=window or 0)
+  return out.cast(dtype).reshape(out_shape)
+
+
+def _attention_inputs(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float | None, enable_gqa: bool,
+                      window: int | None):
+  """The checked inputs of an attention as (batch, heads, L, D) q, (batch, kv heads, S, D) k and (..., E) v, the mask
+  as (1 or batch, heads or 1, L or 1, S or 1), the output's shape, and the scale."""
+  op, shapes = "scaled_dot_product_attention", f"q {_shape_str(q.shape)}, k {_shape_str(k.shape)}, v {_shape_str(v.shape)}"
+  if not (q.ndim == k.ndim == v.ndim and q.ndim >= 2):
+    raise ValueError(f"{op}: q, k and v need the same number of dims (at least 2), got {shapes}")
+  if q.shape[-1] != k.shape[-1] or k.shape[-2] != v.shape[-2]:
+    raise ValueError(f"{op}: q and k need one last dim and k and v one length, got {shapes}")
+  if not (q.dtype == k.dtype == v.dtype) or not q.dtype.is_float:
+    raise TypeError(f"{op}: q, k and v need one float dtype, got {q.dtype.name}, {k.dtype.name}, {v.dtype.name}")
+  if window is not None and (not isinstance(window, int) or window < 1):
+    raise ValueError(f"{op}: window must be a positive int (keys i - window < j <= i), got {window!r}")
+  flat = q.ndim == 2
+  if flat: q, k, v = q.reshape(1, *q.shape), k.reshape(1, *k.shape), v.reshape(1, *v.shape)
+  heads, kv_heads = q.shape[-3], k.shape[-3]
+  if v.shape[-3] != kv_heads or (heads != kv_heads and kv_heads != 1 and not (enable_gqa and heads % kv_heads == 0)):
+    need = "a divisor of q's heads (enable_gqa=True)" if enable_gqa else "q's heads, or 1 (or pass enable_gqa=True)"
+    raise ValueError(f"{op}: k and v's heads (dim -3) must be {need}, got {shapes}")
+  try:
+    batch = tuple(np.broadcast_shapes(q.shape[:-3], k.shape[:-3], v.shape[:-3]))
+  except ValueError:
+    raise ValueError(f"{op}: the batch dims of {shapes} don't broadcast") from None
+  size = int(np.prod(batch)) if batch else 1
+  L, S, D, E = q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1]
+  q4 = q.expand(*batch, *q.shape[-3:]).reshape(size, heads, L, D)
+  k4 = k.expand(*batch, *k.shape[-3:]).reshape(size, kv_heads, S, D)
+  v4 = v.expand(*batch, *v.shape[-3:]).reshape(size, kv_heads, S, E)
+  mask4 = None
+  if mask is not None:
+    if mask.dtype != dtypes.bool and not mask.dtype.is_float:
+      raise TypeError(f"{op}: attn_mask must be bool or float, got {mask.dtype.name}")
+    full = batch + (heads, L, S)
+    if mask.ndim > len(full) or any(m not in (1, n) for m, n in zip(reversed(mask.shape), reversed(full))):
+      raise ValueError(f"{op}: attn_mask {_shape_str(mask.shape)} doesn't broadcast to {_shape_str(full)} ({shapes})")
+    aligned = (1,) * (len(full) - mask.ndim) + tuple(mask.shape)
+    mask4 = mask.reshape(aligned)
+    if any(n != 1 for n in aligned[:-3]): mask4 = mask4.expand(*batch, *aligned[-3:]).reshape(size, *aligned[-3:])
+    else: mask4 = mask4.reshape(1, *aligned[-3:])
+    if mask4.dtype != dtypes.bool and mask4.dtype != q.dtype: mask4 = mask4.cast(q.dtype)
+  out_shape = (L, E) if flat else batch + (heads, L, E)
+  return q4, k4, v4, mask4, out_shape, 1 / math.sqrt(D) if scale is None else scale
 
 
 def attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None = None, dropout_p: float = 0.0,
-              is_causal: bool = False, scale: float | None = None) -> tuple[Tensor, Tensor]:
-  """scaled_dot_product_attention's output and the attention weights it used (after dropout, as
-  MultiheadAttention returns them). Both are lazy: a caller that drops the weights computes nothing more."""
-  if q.shape[-1] != k.shape[-1] or k.shape[-2] != v.shape[-2]:
-    raise ValueError(f"scaled_dot_product_attention: q {_shape_str(q.shape)}, k {_shape_str(k.shape)}, v {_shape_str(v.shape)} don't fit")
-  scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
+              is_causal: bool = False, scale: float | None = None, enable_gqa: bool = False,
+              window: int | None = None) -> tuple[Tensor, Tensor]:
+  """scaled_dot_product_attention's output and the attention weights (batch, heads, L, S) it used (after dropout, as
+  MultiheadAttention returns them), computed with the whole score matrix: the path for a caller that asks for the
+  weights, and for dropout. Both are lazy: a caller that drops the weights computes nothing more."""
+  q4, k4, v4, mask4, out_shape, scale = _attention_inputs(q, k, v, attn_mask, scale, enable_gqa, window)
+  (batch, heads, length, _), (kv_heads, source) = q4.shape, k4.shape[1:3]
+  if kv_heads != heads:
+    group = heads // kv_heads
+    k4, v4 = (x.reshape(batch, kv_heads, 1, source, x.shape[-1]).expand(batch, kv_heads, group, source, x.shape[-1])
+              .reshape(batch, heads, source, x.shape[-1]) for x in (k4, v4))
   # keys as (..., dim, source), contiguous along source: the score matmul then runs SIMD lanes along
   # its output; read through the transposed view, its only contiguous axis is the reduce
-  scores = (q @ k.transpose(-1, -2).contiguous()) * scale
-  if is_causal:
-    length, source = q.shape[-2], k.shape[-2]
-    causal = Tensor.ones(length, source, dtype=dtypes.bool, device=q.device).tril()
-    scores = causal.where(scores, -math.inf)
-  if attn_mask is not None:
-    scores = attn_mask.where(scores, -math.inf) if attn_mask.dtype == dtypes.bool else scores + attn_mask
+  scores = (q4 @ k4.transpose(-1, -2).contiguous()) * scale
+  if is_causal or window:
+    i, j = Tensor.arange(length, device=q.device).reshape(length, 1), Tensor.arange(source, device=q.device).reshape(1, source)
+    visible = j <= i
+    if window: visible = visible & (j > i - window)
+    scores = visible.where(scores, -math.inf)
+  if mask4 is not None:
+    scores = mask4.where(scores, -math.inf) if mask4.dtype == dtypes.bool else scores + mask4
   # the softmax, written out so its row maximum also tells which queries see no key: those get zero
   # weights (PyTorch's math backend), not the 0/0 of a softmax over -inf
   top = scores.max(-1, keepdim=True).detach()
@@ -399,14 +467,14 @@ def attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None = None, 
   weights = (top == -math.inf).where(0.0, shifted * shifted.sum(-1, keepdim=True).reciprocal())
   # as PyTorch's: dropout_p is applied whenever it is above 0 (callers pass 0 in eval mode)
   if dropout_p > 0: weights = weights.dropout(dropout_p, training=True)
-  if weights.ndim != 4 or v.ndim != 4: return weights @ v, weights
+  weights_shape = out_shape[:-1] + (source,)
   # (batch, heads, L, E) computed in memory as (batch, L, heads, E), returned as a permuted view:
   # the usual next step, out.transpose(1, 2).reshape(batch, L, heads * E), is then free instead of a
   # strided read of every head inside the output projection's matmul
-  batch, heads, length, source = weights.shape
   rows = weights.permute(0, 2, 1, 3).reshape(batch, length, heads, source, 1)
-  values = v.expand(batch, heads, source, v.shape[-1]).reshape(batch, 1, heads, source, v.shape[-1])
-  return (rows * values).sum(3).permute(0, 2, 1, 3), weights
+  values = v4.reshape(batch, 1, heads, source, v4.shape[-1])
+  out = (rows * values).sum(3).permute(0, 2, 1, 3)
+  return out.reshape(out_shape), weights.reshape(weights_shape)
 
 
 # ---- PyTorch's functional names (torch.nn.functional) for the Tensor methods ----

@@ -170,7 +170,7 @@ class CRenderer:
   def open_loop(self, u: UOp) -> str | list[str]:
     name, extent, parallel, unroll = u.arg
     self.names[id(u)] = name
-    lo, hi = ("start", "end") if parallel else ("0", str(extent))
+    lo, hi = ("start", "end") if parallel else (self.ref(u.srcs[0]), self.ref(u.srcs[1])) if u.srcs else ("0", str(extent))
     loop = f"for ({u.dtype.c_name} {name} = {lo}; {name} < {hi}; {name}++) {{"
     # gcc and clang both read this pragma; the unrolled copies share the loop's accumulators
     return [f"#pragma GCC unroll {unroll}", loop] if unroll > 1 else loop

@@ -239,7 +239,7 @@ class LLVMRenderer:
     name, extent, parallel, _ = u.arg
     start, end = self.fn.args[-2:]
     lo, hi = (b.trunc(start, ity), b.trunc(end, ity)) if parallel and ity.width < 64 else (start, end) if parallel else \
-      (ir.Constant(ity, 0), ir.Constant(ity, extent))
+      (self.ref(u.srcs[0]), self.ref(u.srcs[1])) if u.srcs else (ir.Constant(ity, 0), ir.Constant(ity, extent))
     pre = b.block
     header = self.fn.append_basic_block(f"{name}_head")
     body = self.fn.append_basic_block(f"{name}_body")

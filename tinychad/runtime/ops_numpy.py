@@ -53,6 +53,62 @@ def scatter_add(node: KernelNode, table: np.ndarray, rows: np.ndarray, indices: 
   np.add.at(table.reshape(-1, width), indices[inside].astype(np.int64), rows.reshape(count, width)[inside])
 
 
+def attention(node: KernelNode, out: np.ndarray, *inputs: np.ndarray) -> None:
+  """A flash-attention kernel (see ops.AttentionArg for its buffers), computed per head with whole score matrices:
+  the reference the compiled kernels are tested against, not a memory-frugal one."""
+  a = node.arg
+  B, H, Hk, L, S, D, E, W = a.batch, a.heads, a.kv_heads, a.length, a.source, a.dim, a.vdim, a.block
+  S_p, L_p, group = -(-S // W) * W, -(-L // W) * W, H // Hk
+  names = {"forward": ("q", "kT", "v"), "dq": ("q", "kT", "k", "vT", "do", "lse2", "delta"),
+           "dkv": ("k", "v", "qT", "q", "doT", "do", "lse2", "delta")}[a.mode if a.mode != "dmask" else "dq"]
+  bufs = dict(zip(names + ("mask",), inputs))
+  if a.mode == "dkv":
+    q = bufs["q"].reshape(B, H, L_p, D)[:, :, :L]
+    k, v = bufs["k"].reshape(B, Hk, S, D), bufs["v"].reshape(B, Hk, S, E)
+  else:
+    q = bufs["q"].reshape(B, H, L, D)
+    k = bufs["kT"].reshape(B, Hk, D, S_p)[..., :S].transpose(0, 1, 3, 2)
+  k = np.repeat(k, group, axis=1)
+  visible = np.ones((L, S), dtype=bool)
+  i, j = np.arange(L)[:, None], np.arange(S)[None, :]
+  if a.causal or a.window: visible &= j <= i
+  if a.window: visible &= j > i - a.window
+  scores = np.einsum("bhld,bhsd->bhls", q, k) * (a.scale / np.log(2))
+  if a.mask:
+    mb, mh, mr, ml = a.mask_strides
+    rows, lanes = (S, L) if a.mode == "dkv" else (L, S)
+    at = (np.arange(B)[:, None, None, None] * mb + np.arange(H)[None, :, None, None] * mh +
+          np.arange(rows)[None, None, :, None] * mr + np.arange(lanes)[None, None, None, :] * ml)
+    mask = bufs["mask"][at]
+    if a.mode == "dkv": mask = mask.transpose(0, 1, 3, 2)
+    if a.mask == "bool": visible = visible & mask
+    else: scores = scores + mask / np.log(2)
+  scores = np.where(visible, scores, -np.inf)
+  with np.errstate(all="ignore"):
+    if a.mode == "forward":
+      top = scores.max(-1, keepdims=True)
+      p = np.exp2(scores - np.where(top == -np.inf, 0, top))
+      total = p.sum(-1, keepdims=True)
+      v = np.repeat(bufs["v"].reshape(B, Hk, S_p, E)[:, :, :S], group, 1)
+      o = np.einsum("bhls,bhse->bhle", np.where(total == 0, 0, p / total), v)
+      lse2 = np.where(total == 0, np.inf, top + np.log2(total))[..., 0]
+      out[:] = np.concatenate([o.reshape(-1), lse2.reshape(-1)])
+      return
+    lse2, delta = bufs["lse2"].reshape(B, H, L_p)[..., :L, None], bufs["delta"].reshape(B, H, L_p)[..., :L, None]
+    p = np.exp2(scores - lse2)
+    if a.mode == "dkv": do = bufs["do"].reshape(B, H, L_p, E)[:, :, :L]
+    else: do = bufs["do"].reshape(B, H, L, E)
+    v = np.repeat(bufs["v"].reshape(B, Hk, S, E) if a.mode == "dkv" else
+                  bufs["vT"].reshape(B, Hk, E, S_p)[..., :S].transpose(0, 1, 3, 2), group, axis=1)
+    ds = p * (np.einsum("bhle,bhse->bhls", do, v) - delta)
+  if a.mode == "dmask": out[:] = np.pad(ds, ((0, 0), (0, 0), (0, 0), (0, S_p - S))).reshape(-1)
+  elif a.mode == "dq": out[:] = (np.einsum("bhls,bhsd->bhld", ds, k) * a.scale).reshape(-1)
+  else:
+    dk = np.einsum("bhls,bhld->bhsd", ds, q).reshape(B, Hk, group, S, D).sum(2) * a.scale
+    dv = np.einsum("bhls,bhle->bhse", p, do).reshape(B, Hk, group, S, E).sum(2)
+    out[:] = np.concatenate([dk.reshape(-1), dv.reshape(-1)])
+
+
 class NumpyDevice:
   """Needs no compiler: its program is the kernel tree itself, interpreted on every run."""
   renderer = None
@@ -69,6 +125,9 @@ class NumpyDevice:
     arrays = [b.as_numpy() for b in bufs]
     if store.op is LoadOps.SCATTER_ADD:
       scatter_add(store, *arrays)
+      return
+    if store.op is LoadOps.ATTENTION:
+      attention(store, *arrays)
       return
     with np.errstate(all="ignore"):
       result = evaluate(store.srcs[0], arrays, {})
