@@ -16,9 +16,10 @@ _SHARED_MNIST = pathlib.Path(__file__).resolve().parents[2] / "shared" / "datase
 if "TINYCHAD_DATA" not in os.environ and _SHARED_MNIST.exists():
   os.environ["TINYCHAD_DATA"] = str(_SHARED_MNIST)
 
-ALL_DEVICES = [name for name in ("NUMPY", "CPU", "LLVM") if Device.available(name)]
-# NUMPY has no kernels to optimize: only the compiled devices run the op suite with NOOPT=1 as well
-NOOPT_DEVICES = [f"{name}-NOOPT" for name in ALL_DEVICES if name != "NUMPY"]
+ALL_DEVICES = [name for name in ("NUMPY", "CPU", "LLVM", "OPENCL") if Device.available(name)]
+# NUMPY has no kernels to optimize: only the CPU compilers run the op suite with NOOPT=1 as well (OPENCL's
+# GPU lowering never uses the CPU's kernel optimizations)
+NOOPT_DEVICES = [f"{name}-NOOPT" for name in ALL_DEVICES if name not in ("NUMPY", "OPENCL")]
 
 
 @pytest.fixture

@@ -28,6 +28,12 @@ class UOps(Enum):
                           # goes straight to memory, not through the cache (opt.py's `stream`)
   VECTORIZE = auto()      # srcs = one scalar per lane: the vector of them
   GEP = auto()            # srcs = (vector,), arg = lane: that lane as a scalar
+  # GPU programs only (codegen/gpu.py makes them, renderer/gpu.py writes them):
+  SPECIAL = auto()        # a work-item index: arg = (variable name, "global" | "local" | "group", dimension 0..2)
+  DEFINE_SHARED = auto()  # an array the whole work-group shares (OpenCL __local, CUDA __shared__): arg = elements
+  BARRIER = auto()        # every work-item of the group waits here; their work-group memory writes are then visible
+  IF = auto()             # srcs = (condition,): what follows up to the matching ENDIF runs only where it holds
+  ENDIF = auto()          # closes the innermost IF
 
 
 @dataclass(eq=False)

@@ -1,0 +1,112 @@
+"""GPU-style lowering: a kernel's loops become the work-items of a launch grid.
+
+in: a ScheduleItem (its kernel tree and name), the same trees the CPU lowers
+out: a GPU Program (uops.py's IR plus SPECIAL / IF / DEFINE_SHARED / BARRIER, renderer/gpu.py writes it) and
+     its launch geometry: `parallel` holds (global sizes x3, local sizes x3), the kernel record's field
+     for it (engine/realize.py writes it, a new process reads it back unchanged).
+The kernel tree is lowered by linearize.py with plain loops (no SIMD lanes, no register tiles, no row
+cache: a GPU gets its parallelism from work-items, not from lanes of one thread). Then:
+  - the perfectly nested non-reduce loops at the top of the program (no store before an inner one, nothing
+    after it inside its parent) become work-item indices: the innermost one is dimension 0, so
+    neighbouring work-items touch neighbouring elements (coalesced), the next dimension 1, and every
+    outer one is folded into dimension 2 (recovered with a divide and a remainder);
+  - a work-group size is chosen per dimension from the loop extents (`work_group`), at most
+    MAX_WORK_GROUP work-items; the grid is rounded up to whole groups and an IF keeps the padding
+    work-items from running;
+  - a kernel with a reduce and at most GROUP_REDUCE_MAX_OUTPUTS outputs (a full sum, a small matmul's
+    gradient wrt a bias) is a grouped reduce (`_grouped_reduce`): GROUP_REDUCE_THREADS work-items share
+    each output, each sums a strided slice of the reduce range, and the group adds their partial sums
+    in work-group memory, halving with a barrier between steps.
+Loops left (reduce loops, a scatter-add's inner loops) run inside each work-item.
+"""
+from __future__ import annotations
+from tinychad.dtype import dtypes
+from tinychad.helpers import prod
+from tinychad.ops import BinaryOps, LoadOps
+from tinychad.codegen.linearize import linearize, opt_inputs
+from tinychad.codegen.opt import Opts
+from tinychad.codegen.scatter import lower_scatter_add
+from tinychad.codegen.uops import Program, UOp, UOps
+
+MAX_WORK_GROUP = 128     # work-items per group: 4 warps on NVIDIA; PoCL vectorizes across them
+
+
+def lower_gpu(item) -> Program:
+  """The GPU Program of a ScheduleItem's kernel (its `parallel` is the launch geometry)."""
+  if item.ast.op is LoadOps.SCATTER_ADD: program = lower_scatter_add(item.ast, item.name)
+  else:
+    dims = opt_inputs(item.ast)[0]
+    plain = Opts(order=[d for d, (_, is_reduce) in enumerate(dims) if not is_reduce], cache_rows=False, stream=False)
+    program = linearize(item.ast, item.name, plain)
+  return to_grid(program)
+
+
+def work_group(extents: list[int], limit: int = MAX_WORK_GROUP) -> list[int]:
+  """A work-group size per dimension (innermost first): a whole extent that fits what is left of
+  `limit`, else the largest power of two that pads the grid by at most an eighth."""
+  sizes = []
+  for extent in extents:
+    if extent <= limit: size = extent
+    else:
+      powers = [1 << p for p in range(limit.bit_length()) if 1 << p <= limit][::-1]
+      size = next(p for p in powers if -(-extent // p) * p - extent <= extent // 8)
+    sizes.append(max(size, 1))
+    limit = max(limit // max(size, 1), 1)
+  return sizes
+
+
+def _mapped_loops(uops: list[UOp]) -> list[UOp]:
+  """The outermost non-reduce loops, perfectly nested: each the first loop inside the one before it,
+  with no store before it and nothing but its own end after it inside its parent."""
+  ends = {id(u.srcs[0]): i for i, u in enumerate(uops) if u.op is UOps.ENDRANGE}
+  loops: list[UOp] = []
+  start, stop = 0, len(uops)
+  while True:
+    first = next((i for i in range(start, stop) if uops[i].op in (UOps.RANGE, UOps.STORE)), None)
+    if first is None or uops[first].op is UOps.STORE or not uops[first].arg[0].startswith("gidx"): break
+    end = ends[id(uops[first])]
+    if loops and end != stop - 1: break      # something after it inside the parent: it stays a loop
+    loops.append(uops[first])
+    start, stop = first + 1, end
+  return loops
+
+
+def to_grid(program: Program) -> Program:
+  """`program` (plain loops) with its mapped loops replaced by work-item indices and guarded."""
+  uops = program.uops
+  loops = _mapped_loops(uops)
+  idx = loops[0].dtype if loops else dtypes.int32
+  head: list[UOp] = []
+
+  def new(op: UOps, dtype, srcs=(), arg=None) -> UOp:
+    head.append(u := UOp(op, dtype, srcs, arg))
+    return u
+
+  inner, folded = loops[::-1][:2], loops[::-1][2:]
+  extents = [u.arg[1] for u in inner] + ([prod(u.arg[1] for u in folded)] if folded else [])
+  local = work_group(extents) + [1] * (3 - len(extents))
+  grid = [-(-e // g) * g for e, g in zip(extents, local)] + [1] * (3 - len(extents))
+  for dim, loop in enumerate(inner):
+    loop.op, loop.arg = UOps.SPECIAL, (loop.arg[0], "global", dim)
+  if folded:
+    flat = new(UOps.SPECIAL, idx, (), ("gidx_folded", "global", 2))
+    stride = 1
+    for loop in reversed(folded):     # innermost of them first: it changes fastest
+      step = new(UOps.ALU, idx, (flat, new(UOps.CONST, idx, (), stride)), BinaryOps.DIV) if stride > 1 else flat
+      loop.op, loop.srcs, loop.arg = UOps.ALU, (step, new(UOps.CONST, idx, (), loop.arg[1])), BinaryOps.MOD
+      stride *= loop.srcs[1].arg
+  guard = None
+  for index, extent, size in zip([*inner, *([flat] if folded else [])], extents, grid):
+    if size == extent: continue
+    inside = new(UOps.ALU, dtypes.bool, (index, new(UOps.CONST, idx, (), extent)), BinaryOps.CMPLT)
+    guard = inside if guard is None else new(UOps.ALU, dtypes.bool, (guard, inside), BinaryOps.AND)
+  # the indices first (head is in creation order, each value after its sources), then the guard, then the rest
+  moved = {id(u) for u in loops} | {id(u) for u in head}
+  body = [u for u in uops if id(u) not in moved and not (u.op is UOps.ENDRANGE and id(u.srcs[0]) in moved)]
+  tops = [u for u in body if u.op in (UOps.DEFINE_GLOBAL, UOps.DEFINE_LOCAL)]
+  ordered = tops + inner + head + folded
+  if guard is not None: ordered.append(UOp(UOps.IF, None, (guard,)))
+  ordered += [u for u in body if u.op not in (UOps.DEFINE_GLOBAL, UOps.DEFINE_LOCAL)]
+  if guard is not None: ordered.append(UOp(UOps.ENDIF, None))
+  for number, u in enumerate(ordered): u.num = number
+  return Program(program.name, ordered, program.globals, tuple(grid + local), program.contract)
