@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from tinychad import Tensor, dtypes
 from tinychad.device import Device
-from tinychad.codegen.gpu import MAX_WORK_GROUP, lower_gpu, work_group
+from tinychad.codegen.gpu import GROUP_REDUCE_THREADS, MAX_WORK_GROUP, lower_gpu, work_group
 from tinychad.codegen.uops import UOps
 from tinychad.engine.schedule import create_schedule
 from tinychad.renderer.gpu import render_gpu_library
@@ -56,9 +56,17 @@ def test_loops_become_a_guarded_grid():
   grid, local = program.parallel[:3], program.parallel[3:]
   assert all(g % g_local == 0 for g, g_local in zip(grid, local)) and np.prod(local) <= MAX_WORK_GROUP
   assert np.prod(grid) >= 3 * 5 * 7 * 9
-  # a sum keeps its reduce loop inside each work-item
-  program = _program(Tensor(np.ones((6, 1000), np.float32), device="NUMPY").sum(1))
+  # many outputs: each work-item runs its own reduce loop
+  program = _program(Tensor(np.ones((3000, 300), np.float32), device="NUMPY").sum(1))
   assert [u.arg[0] for u in program.uops if u.op is UOps.RANGE] == ["ridx0"]
+  assert not any(u.op is UOps.BARRIER for u in program.uops)
+
+
+def test_few_long_reduces_are_grouped():
+  program = _program(Tensor(np.ones((6, 1000), np.float32), device="NUMPY").sum(1))
+  ops = [u.op for u in program.uops]
+  assert UOps.DEFINE_SHARED in ops and ops.count(UOps.BARRIER) == 1 + GROUP_REDUCE_THREADS.bit_length() - 1
+  assert program.parallel == (GROUP_REDUCE_THREADS, 6, 1, GROUP_REDUCE_THREADS, 1, 1)
 
 
 @needs_opencl
@@ -70,7 +78,8 @@ def test_elementwise_shapes(shape):
 
 @needs_opencl
 @pytest.mark.parametrize("shape, axis", [((7, 13), 1), ((7, 13), 0), ((3, 129, 5), 1), ((1000,), 0), ((0, 5), 1),
-                                         ((5, 0), 1), ((2, 3, 4), (0, 2))])
+                                         ((5, 0), 1), ((2, 3, 4), (0, 2)), ((3, 1000), 1), ((257, 3), 0),
+                                         ((4, 4096), 1), ((2, 300, 3), 1)])
 def test_reductions(shape, axis):
   a = rng.standard_normal(shape).astype(np.float32)
   assert_both(lambda x: x.sum(axis), a, atol=1e-4)

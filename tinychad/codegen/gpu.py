@@ -29,6 +29,9 @@ from tinychad.codegen.scatter import lower_scatter_add
 from tinychad.codegen.uops import Program, UOp, UOps
 
 MAX_WORK_GROUP = 128     # work-items per group: 4 warps on NVIDIA; PoCL vectorizes across them
+GROUP_REDUCE_THREADS = 128       # work-items sharing one output of a grouped reduce (a power of two)
+GROUP_REDUCE_MIN = 256           # shorter reduces stay a loop in one work-item
+GROUP_REDUCE_MAX_OUTPUTS = 2048  # more outputs than this keep the device busy one work-item each
 
 
 def lower_gpu(item) -> Program:
@@ -38,7 +41,7 @@ def lower_gpu(item) -> Program:
     dims = opt_inputs(item.ast)[0]
     plain = Opts(order=[d for d, (_, is_reduce) in enumerate(dims) if not is_reduce], cache_rows=False, stream=False)
     program = linearize(item.ast, item.name, plain)
-  return to_grid(program)
+  return _grouped_reduce(program) or to_grid(program)
 
 
 def work_group(extents: list[int], limit: int = MAX_WORK_GROUP) -> list[int]:
@@ -69,6 +72,65 @@ def _mapped_loops(uops: list[UOp]) -> list[UOp]:
     loops.append(uops[first])
     start, stop = first + 1, end
   return loops
+
+
+def _grouped_reduce(program: Program) -> Program | None:
+  """`program` as a grouped reduce (see the module docstring), or None where it doesn't qualify: at most
+  two output loops, one reduce loop of at least GROUP_REDUCE_MIN steps holding one accumulator's add or
+  max, and at most GROUP_REDUCE_MAX_OUTPUTS outputs."""
+  uops = program.uops
+  loops = _mapped_loops(uops)
+  ranges = [u for u in uops if u.op is UOps.RANGE and u not in loops]
+  accs = [u for u in uops if u.op is UOps.DEFINE_ACC]
+  assigns = [u for u in uops if u.op is UOps.ASSIGN]
+  if len(loops) > 2 or len(ranges) != 1 or len(accs) != 1 or len(assigns) != 1 or accs[0].vec != 1: return None
+  loop, acc, assign = ranges[0], accs[0], assigns[0]
+  combine = assign.srcs[1]
+  if combine.op is not UOps.ALU or combine.arg not in (BinaryOps.ADD, BinaryOps.MAX) or combine.srcs[0] is not acc: return None
+  extent, outputs = loop.arg[1], prod(u.arg[1] for u in loops)
+  if extent < GROUP_REDUCE_MIN or outputs > GROUP_REDUCE_MAX_OUTPUTS: return None
+  threads, idx = GROUP_REDUCE_THREADS, loop.dtype
+  grid = [threads] + [u.arg[1] for u in loops[::-1]] + [1] * (2 - len(loops))
+
+  def new(op: UOps, dtype, srcs=(), arg=None) -> UOp: return UOp(op, dtype, srcs, arg)
+
+  def const(value, dtype=idx) -> UOp: return new(UOps.CONST, dtype, (), value)
+
+  for dim, out_loop in enumerate(loops[::-1]): out_loop.op, out_loop.arg = UOps.SPECIAL, (out_loop.arg[0], "group", dim + 1)
+  lid = new(UOps.SPECIAL, idx, (), ("lidx0", "local", 0))
+  shared = new(UOps.DEFINE_SHARED, acc.dtype, (), threads)
+  # the reduce loop: each work-item takes every `threads`-th step, from its local index on
+  step = new(UOps.RANGE, idx, (), (loop.arg[0] + "_step", -(-extent // threads), False, 1))
+  start = new(UOps.ALU, idx, (step, const(threads)), BinaryOps.MUL)
+  loop.op, loop.srcs, loop.arg = UOps.ALU, (start, lid), BinaryOps.ADD
+  gate = new(UOps.ALU, dtypes.bool, (loop, const(extent)), BinaryOps.CMPLT) if extent % threads else None
+  end = next(i for i, u in enumerate(uops) if u.op is UOps.ENDRANGE and u.srcs[0] is loop)
+  at = uops.index(loop)
+  out = [u for u in uops[:at] if u not in loops] + [step, start, loop]
+  out += ([gate, new(UOps.IF, None, (gate,))] if gate is not None else []) + uops[at + 1:end]
+  out += [new(UOps.ENDIF, None)] if gate is not None else []
+  out += [new(UOps.ENDRANGE, None, (step,)), new(UOps.STORE, None, (shared, lid, acc)), new(UOps.BARRIER, None)]
+  # the group's partial sums halved in work-group memory, a barrier after each step
+  half = threads // 2
+  while half:
+    inside = new(UOps.ALU, dtypes.bool, (lid, const(half)), BinaryOps.CMPLT)
+    other = new(UOps.ALU, idx, (lid, const(half)), BinaryOps.ADD)
+    a, b = new(UOps.LOAD, acc.dtype, (shared, lid)), new(UOps.LOAD, acc.dtype, (shared, other))
+    both = new(UOps.ALU, acc.dtype, (a, b), combine.arg)
+    out += [inside, new(UOps.IF, None, (inside,)), other, a, b, both, new(UOps.STORE, None, (shared, lid, both)),
+            new(UOps.ENDIF, None), new(UOps.BARRIER, None)]
+    half //= 2
+  # work-item 0 finishes the output from the group's total
+  total = new(UOps.LOAD, acc.dtype, (shared, const(0)))
+  first = new(UOps.ALU, dtypes.bool, (lid, const(0)), BinaryOps.CMPEQ)
+  out += [total, first, new(UOps.IF, None, (first,))]
+  rest = [u for u in uops[end + 1:] if not (u.op is UOps.ENDRANGE and u.srcs[0] in loops)]
+  for u in rest: u.srcs = tuple(total if s is acc else s for s in u.srcs)
+  out += rest + [new(UOps.ENDIF, None)]
+  tops = [u for u in out if u.op in (UOps.DEFINE_GLOBAL, UOps.DEFINE_LOCAL)]
+  ordered = tops + [shared, lid] + loops[::-1] + [u for u in out if u.op not in (UOps.DEFINE_GLOBAL, UOps.DEFINE_LOCAL)]
+  for number, u in enumerate(ordered): u.num = number
+  return Program(program.name, ordered, program.globals, tuple(grid + [threads, 1, 1]), program.contract)
 
 
 def to_grid(program: Program) -> Program:
