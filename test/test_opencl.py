@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from tinychad import Tensor, dtypes
 from tinychad.device import Device
-from tinychad.codegen.gpu import GROUP_REDUCE_THREADS, MAX_WORK_GROUP, lower_gpu, work_group
+from tinychad.codegen.gpu import GROUP_REDUCE_THREADS, MAX_WORK_GROUP, REGISTER_TILE, lower_gpu, work_group
 from tinychad.codegen.uops import UOps
 from tinychad.engine.schedule import create_schedule
 from tinychad.renderer.gpu import render_gpu_library
@@ -60,6 +60,16 @@ def test_loops_become_a_guarded_grid():
   program = _program(Tensor(np.ones((3000, 300), np.float32), device="NUMPY").sum(1))
   assert [u.arg[0] for u in program.uops if u.op is UOps.RANGE] == ["ridx0"]
   assert not any(u.op is UOps.BARRIER for u in program.uops)
+
+
+def test_matmul_gets_a_register_tile():
+  a, b = (Tensor(np.ones(s, np.float32), device="NUMPY") for s in ((64, 32), (32, 48)))
+  program = _program(a @ b)
+  assert sum(u.op is UOps.DEFINE_ACC for u in program.uops) == REGISTER_TILE ** 2
+  assert program.parallel[:2] == (48 // REGISTER_TILE, 64 // REGISTER_TILE)
+  # 65 rows: not a multiple of the tile, so that axis stays one output per work-item
+  a = Tensor(np.ones((65, 32), np.float32), device="NUMPY")
+  assert sum(u.op is UOps.DEFINE_ACC for u in _program(a @ b).uops) == REGISTER_TILE
 
 
 def test_few_long_reduces_are_grouped():

@@ -4,8 +4,10 @@ in: a ScheduleItem (its kernel tree and name), the same trees the CPU lowers
 out: a GPU Program (uops.py's IR plus SPECIAL / IF / DEFINE_SHARED / BARRIER, renderer/gpu.py writes it) and
      its launch geometry: `parallel` holds (global sizes x3, local sizes x3), the kernel record's field
      for it (engine/realize.py writes it, a new process reads it back unchanged).
-The kernel tree is lowered by linearize.py with plain loops (no SIMD lanes, no register tiles, no row
-cache: a GPU gets its parallelism from work-items, not from lanes of one thread). Then:
+The kernel tree is lowered by linearize.py with plain loops (no SIMD lanes, no row cache: a GPU gets its
+parallelism from work-items, not from lanes of one thread), except for a register tile: in a matmul or a
+convolution each work-item computes a REGISTER_TILE x REGISTER_TILE block of outputs (`_register_tile`),
+so each value it loads feeds several accumulators. Then:
   - the perfectly nested non-reduce loops at the top of the program (no store before an inner one, nothing
     after it inside its parent) become work-item indices: the innermost one is dimension 0, so
     neighbouring work-items touch neighbouring elements (coalesced), the next dimension 1, and every
@@ -29,6 +31,8 @@ from tinychad.codegen.scatter import lower_scatter_add
 from tinychad.codegen.uops import Program, UOp, UOps
 
 MAX_WORK_GROUP = 128     # work-items per group: 4 warps on NVIDIA; PoCL vectorizes across them
+REGISTER_TILE = 4               # outputs per work-item along each of up to two axes of a reduce (matmul, conv)
+REGISTER_TILE_MIN_REDUCE = 16
 GROUP_REDUCE_THREADS = 128       # work-items sharing one output of a grouped reduce (a power of two)
 GROUP_REDUCE_MIN = 256           # shorter reduces stay a loop in one work-item
 GROUP_REDUCE_MAX_OUTPUTS = 2048  # more outputs than this keep the device busy one work-item each
@@ -38,10 +42,25 @@ def lower_gpu(item) -> Program:
   """The GPU Program of a ScheduleItem's kernel (its `parallel` is the launch geometry)."""
   if item.ast.op is LoadOps.SCATTER_ADD: program = lower_scatter_add(item.ast, item.name)
   else:
-    dims = opt_inputs(item.ast)[0]
-    plain = Opts(order=[d for d, (_, is_reduce) in enumerate(dims) if not is_reduce], cache_rows=False, stream=False)
-    program = linearize(item.ast, item.name, plain)
+    dims, access, _, _ = opt_inputs(item.ast)
+    order = [d for d, (_, is_reduce) in enumerate(dims) if not is_reduce]
+    program = linearize(item.ast, item.name, Opts(_register_tile(dims, access), order=order, cache_rows=False, stream=False))
   return _grouped_reduce(program) or to_grid(program)
+
+
+def _register_tile(dims: list[tuple[int, bool]], access: list) -> dict[int, int]:
+  """Axes unrolled into each work-item's register tile (axis -> rows): up to two non-reduce axes that
+  REGISTER_TILE divides and along which a load inside the reduce is reused (stride 0: B's rows in a matmul
+  reuse along A's row axis), in a reduce of at least REGISTER_TILE_MIN_REDUCE steps. Each loaded value then
+  feeds several accumulators. Only dividing axes: a tile's leftover rows would be a loop after the tile, and
+  that loop could not become work-items."""
+  if prod(size for size, is_reduce in dims if is_reduce) < REGISTER_TILE_MIN_REDUCE: return {}
+  loads = [a for a in access if a.is_load and a.below_reduce and None not in a.strides]
+  tile = {}
+  for d, (size, is_reduce) in reversed(list(enumerate(dims))):
+    if is_reduce or size % REGISTER_TILE or size // REGISTER_TILE < 1 or len(tile) == 2: continue
+    if any(a.strides[d] == 0 for a in loads) and any(a.strides[d] != 0 for a in loads): tile[d] = REGISTER_TILE
+  return tile
 
 
 def work_group(extents: list[int], limit: int = MAX_WORK_GROUP) -> list[int]:
