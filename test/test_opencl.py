@@ -6,12 +6,16 @@ OPENCL runs where pyopencl and an OpenCL platform (PoCL on CI) are installed; th
 PyPI's nvidia-cuda-nvrtc-cu12 is. The op suite itself runs on OPENCL through conftest's `each_device`.
 """
 from __future__ import annotations
+import functools
+import sys
+from pathlib import Path
 import numpy as np
 import pytest
 from tinychad import Tensor, dtypes
 from tinychad.device import Device
 from tinychad.codegen.gpu import GROUP_REDUCE_THREADS, MAX_WORK_GROUP, REGISTER_TILE, lower_gpu, work_group
 from tinychad.codegen.uops import UOps
+from tinychad.engine.realize import capture
 from tinychad.engine.schedule import create_schedule
 from tinychad.renderer.gpu import render_gpu_library
 from tinychad.runtime.nvrtc import compile_cuda, load_nvrtc
@@ -144,38 +148,52 @@ def test_device_memory_errors():
     Tensor.empty(1 << 62, dtype=dtypes.uint8, device="OPENCL").realize()
 
 
-def _cuda_sources() -> list[tuple[str, str]]:
-  """(name, CUDA source) of a wide sample of kernels: elementwise, reduce, matmul, conv forward and
-  backward, softmax, gather and its scatter-add gradient, every dtype."""
-  Tensor.manual_seed(0)
-  outs = []
-  x = Tensor.randn(4, 3, 9, 9, requires_grad=True)
-  w = Tensor.randn(5, 3, 3, 3, requires_grad=True)
-  y = x.conv2d(w, padding=1).relu().max_pool2d().flatten(1)
-  loss = y.log_softmax(-1).mean()
-  loss.backward()
-  outs += [loss, x.grad, w.grad]
-  table = Tensor.randn(10, 6, requires_grad=True)
-  picked = table[Tensor([1, 3, 3, 9, 0])]
-  (picked * picked).sum().backward()
-  outs.append(table.grad)
-  for dtype in (dtypes.float16, dtypes.float64, dtypes.int8, dtypes.uint8, dtypes.int16, dtypes.int64, dtypes.bool):
-    a = Tensor([[1, 0, 3], [4, 5, 0]], dtype=dtype)
-    outs += [(a + a) * a, a.max(1), (a < a.T.reshape(2, 3)), a.cast(dtypes.float32).exp() if dtype != dtypes.bool else a]
-  f = Tensor.randn(33, 17)
-  outs += [f.sin() / f.sqrt() % 3, f.bitcast(dtypes.int32) // 7, (f @ f.T).softmax(), f.float().cumsum(0), f.trunc()]
-  items = {}
-  for out in outs:
-    for item in create_schedule([out.lazydata]):
-      if item.is_kernel and item.output.size: items[(item.ast, item.name)] = item
-  return [(item.name, render_gpu_library([lower_gpu(item)], [item.name], "CUDA")) for item in items.values()]
+@functools.lru_cache(maxsize=None)
+def _cuda_sources() -> tuple[tuple[str, str], ...]:
+  """(name, CUDA source) of every kernel of: a sample of ops over every dtype, a conv net's training step with
+  Adam (bench/cnn_train.py's), and bench/gpt.py's GPT forward and a training step of it. They run on NUMPY
+  (fast to run, nothing to compile) and every kernel run is captured."""
+  sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+  from bench.gpt import VOCAB, tensor_gpt, weight_shapes
+  from tinychad.nn.optim import Adam
+  previous, Device.DEFAULT = Device.DEFAULT, "NUMPY"
+  try:
+    with capture() as steps:
+      Tensor.manual_seed(0)
+      w = {name: (Tensor.randn(*shape) * 0.02).requires_grad_() for name, shape in weight_shapes(8).items()}
+      logits = tensor_gpt(w, Tensor.randint(0, VOCAB, size=(2, 8)))
+      opt = Adam(list(w.values()), lr=1e-3)
+      logits.reshape(16, VOCAB).cross_entropy(Tensor.randint(0, VOCAB, size=(16,))).backward()
+      opt.step()
+      x = Tensor.randn(4, 1, 28, 28)
+      conv1, conv2 = Tensor.randn(32, 1, 5, 5, requires_grad=True), Tensor.randn(64, 32, 5, 5, requires_grad=True)
+      fc = Tensor.randn(10, 1024, requires_grad=True)
+      opt = Adam([conv1, conv2, fc], lr=1e-3)
+      h = x.conv2d(conv1).relu().max_pool2d(2).conv2d(conv2).relu().max_pool2d(2)
+      h.flatten(1).linear(fc.T).cross_entropy(Tensor.randint(0, 10, size=(4,))).backward()
+      opt.step()
+      table = Tensor.randn(10, 6, requires_grad=True)
+      picked = table[Tensor([1, 3, 3, 9, 0])]
+      (picked * picked).sum().backward()
+      outs = [table.grad]
+      for dtype in (dtypes.float16, dtypes.float64, dtypes.int8, dtypes.uint8, dtypes.int16, dtypes.int64, dtypes.bool):
+        a = Tensor([[1, 0, 3], [4, 5, 0]], dtype=dtype)
+        outs += [(a + a) * a, a.max(1), a < a.T.reshape(2, 3), a.cast(dtypes.float32).exp() if dtype != dtypes.bool else a]
+      f = Tensor.randn(33, 17)
+      outs += [f.sin() / f.sqrt() % 3, f.bitcast(dtypes.int32) // 7, (f @ f.T).softmax(), f.cumsum(0), f.trunc(),
+               Tensor.randn(5, 3000).sum(1), Tensor.randn(700).max()]
+      for out in outs: out.realize()
+  finally:
+    Device.DEFAULT = previous
+  items = {(item.ast, item.name): item for item, _ in steps if item is not None and item.is_kernel}
+  return tuple((item.name, render_gpu_library([lower_gpu(item)], [item.name], "CUDA")) for item in items.values())
 
 
 @needs_nvrtc
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_cuda_kernels_compile(arch):
   sources = _cuda_sources()
-  assert len(sources) > 30
+  assert len(sources) > 80
   for name, source in sources: compile_cuda(source, arch, f"{name}.cu")      # raises on any error or warning
 
 
