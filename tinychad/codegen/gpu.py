@@ -23,7 +23,7 @@ Loops left (reduce loops, a scatter-add's inner loops) run inside each work-item
 """
 from __future__ import annotations
 from tinychad.dtype import dtypes
-from tinychad.helpers import prod
+from tinychad.helpers import DEBUG, prod
 from tinychad.ops import BinaryOps, LoadOps
 from tinychad.codegen.linearize import linearize, opt_inputs
 from tinychad.codegen.opt import Opts
@@ -45,7 +45,11 @@ def lower_gpu(item) -> Program:
     dims, access, _, _ = opt_inputs(item.ast)
     order = [d for d, (_, is_reduce) in enumerate(dims) if not is_reduce]
     program = linearize(item.ast, item.name, Opts(_register_tile(dims, access), order=order, cache_rows=False, stream=False))
-  return _grouped_reduce(program) or to_grid(program)
+  program = _grouped_reduce(program) or to_grid(program)
+  if DEBUG() >= 3:
+    print(item.ast.pretty())
+    print(program.pretty())
+  return program
 
 
 def _register_tile(dims: list[tuple[int, bool]], access: list) -> dict[int, int]:

@@ -3,8 +3,9 @@
 in: nothing (the types only)
 out: UOps (the instruction kinds), UOp (one typed instruction with its sources) and Program (a kernel's
      instructions in execution order, its arguments, and the facts a renderer needs about its loops).
-linearize.py and scatter.py make Programs; renderer/cstyle.py and renderer/llvmir.py write them out, so
-the C and the LLVM backends cannot disagree about what a kernel computes.
+linearize.py and scatter.py make Programs (gpu.py turns them into GPU Programs, renderer/gpu.py writes those);
+renderer/cstyle.py and renderer/llvmir.py write them out, so the C and the LLVM backends cannot disagree
+about what a kernel computes.
 """
 from __future__ import annotations
 from dataclasses import dataclass, field
@@ -51,7 +52,8 @@ class Program:
   name: str
   uops: list[UOp]
   globals: list[UOp]      # DEFINE_GLOBALs in argument order: output first, then inputs by number
-  parallel: int = 0       # extent of the loop threads may split (its [start, end) are the last two arguments); 0: none
+  parallel: int | tuple = 0  # extent of the loop threads may split (its [start, end) are the last two arguments); 0: none;
+                             # a GPU Program's launch: (global sizes x3, local sizes x3)
   contract: bool = False  # a float sum reordered into partial sums anyway: fused multiply-add is welcome
 
   def pretty(self) -> str:
