@@ -133,7 +133,7 @@ class OpenCLDevice(Compiled):
                    self.build_program(text.decode(), key))
 
   def kernel(self, handle, symbol: str, buffers: int, parallel) -> GPUKernel:
-    return GPUKernel(getattr(handle, symbol), tuple(parallel), 0, handle)
+    return GPUKernel(cl.Kernel(handle, symbol), tuple(parallel), 0, handle)
 
   def build(self, program) -> GPUKernel:
     handle, _ = self.library(self.renderer([program], [program.name]), program.name)
