@@ -69,11 +69,15 @@ def test_loops_become_a_guarded_grid():
 def test_matmul_gets_a_register_tile():
   a, b = (Tensor(np.ones(s, np.float32), device="NUMPY") for s in ((64, 32), (32, 48)))
   program = _program(a @ b)
-  assert sum(u.op is UOps.DEFINE_ACC for u in program.uops) == REGISTER_TILE ** 2
+  assert sum(u.vec for u in program.uops if u.op is UOps.DEFINE_ACC) == REGISTER_TILE ** 2
   assert program.parallel[:2] == (48 // REGISTER_TILE, 64 // REGISTER_TILE)
+  # a row of B is one vector load, a row of the tile one vector store
+  assert any(u.op is UOps.LOAD and u.vec == REGISTER_TILE for u in program.uops)
+  assert "vload4(" in render_gpu_library([program], ["k"]) and "vstore4(" in render_gpu_library([program], ["k"])
+  assert "vload" not in render_gpu_library([program], ["k"], "CUDA")
   # 65 rows: not a multiple of the tile, so that axis stays one output per work-item
   a = Tensor(np.ones((65, 32), np.float32), device="NUMPY")
-  assert sum(u.op is UOps.DEFINE_ACC for u in _program(a @ b).uops) == REGISTER_TILE
+  assert sum(u.vec for u in _program(a @ b).uops if u.op is UOps.DEFINE_ACC) == REGISTER_TILE
 
 
 def test_few_long_reduces_are_grouped():

@@ -7,7 +7,8 @@ out: a GPU Program (uops.py's IR plus SPECIAL / IF / DEFINE_SHARED / BARRIER, re
 The kernel tree is lowered by linearize.py with plain loops (no SIMD lanes, no row cache: a GPU gets its
 parallelism from work-items, not from lanes of one thread), except for a register tile: in a matmul or a
 convolution each work-item computes a REGISTER_TILE x REGISTER_TILE block of outputs (`_register_tile`),
-so each value it loads feeds several accumulators. Then:
+so each value it loads feeds several accumulators, and a row of the tile that runs along consecutive
+elements is one vector (`_vector_axis`: a vector load or store). Then:
   - the perfectly nested non-reduce loops at the top of the program (no store before an inner one, nothing
     after it inside its parent) become work-item indices: the innermost one is dimension 0, so
     neighbouring work-items touch neighbouring elements (coalesced), the next dimension 1, and every
@@ -22,11 +23,11 @@ so each value it loads feeds several accumulators. Then:
 Loops left (reduce loops, a scatter-add's inner loops) run inside each work-item.
 """
 from __future__ import annotations
-from tinychad.dtype import dtypes
+from tinychad.dtype import VECTOR_DTYPES, dtypes
 from tinychad.helpers import DEBUG, prod
 from tinychad.ops import BinaryOps, LoadOps
 from tinychad.codegen.linearize import linearize, opt_inputs
-from tinychad.codegen.opt import Opts
+from tinychad.codegen.opt import SCALAR_ONLY_OPS, Opts
 from tinychad.codegen.scatter import lower_scatter_add
 from tinychad.codegen.uops import Program, UOp, UOps
 
@@ -42,9 +43,11 @@ def lower_gpu(item) -> Program:
   """The GPU Program of a ScheduleItem's kernel (its `parallel` is the launch geometry)."""
   if item.ast.op is LoadOps.SCATTER_ADD: program = lower_scatter_add(item.ast, item.name)
   else:
-    dims, access, _, _ = opt_inputs(item.ast)
+    dims, access, dtypes_used, ops_used = opt_inputs(item.ast)
     order = [d for d, (_, is_reduce) in enumerate(dims) if not is_reduce]
-    program = linearize(item.ast, item.name, Opts(_register_tile(dims, access), order=order, cache_rows=False, stream=False))
+    tile = _register_tile(dims, access)
+    vector = _vector_axis(tile, access, dtypes_used, ops_used)
+    program = linearize(item.ast, item.name, Opts(tile, vector, order=order, cache_rows=False, stream=False))
   program = _grouped_reduce(program) or to_grid(program)
   if DEBUG() >= 3:
     print(item.ast.pretty())
@@ -65,6 +68,18 @@ def _register_tile(dims: list[tuple[int, bool]], access: list) -> dict[int, int]
     if is_reduce or size % REGISTER_TILE or size // REGISTER_TILE < 1 or len(tile) == 2: continue
     if any(a.strides[d] == 0 for a in loads) and any(a.strides[d] != 0 for a in loads): tile[d] = REGISTER_TILE
   return tile
+
+
+def _vector_axis(tile: dict[int, int], access: list, dtypes_used: set, ops_used: set) -> tuple[int, int] | None:
+  """The register tile's axis whose lanes become one vector (axis, lanes): every load reads one element or
+  consecutive ones along it and the store writes consecutive ones, so a row of B is one vector load (the
+  OpenCL dialect's vloadN; the arithmetic stays per lane)."""
+  if not dtypes_used <= VECTOR_DTYPES or ops_used & SCALAR_ONLY_OPS: return None
+  for d, lanes in tile.items():
+    if all(a.strides[d] in (0, 1) for a in access if a.is_load) and \
+       all(a.strides[d] == 1 for a in access if a.is_store) and not any(a.is_gather for a in access):
+      return d, lanes
+  return None
 
 
 def work_group(extents: list[int], limit: int = MAX_WORK_GROUP) -> list[int]:

@@ -8,8 +8,9 @@ suffixes and whether math functions take the C `f` suffix. Everything else (the 
 guarded integer division, the one-typed-local-per-IR-value style) is shared.
 float16 is a storage type: values are computed in float and rounded to half after every op (as numpy
 rounds each op), since OpenCL devices without cl_khr_fp16 (PoCL on a CPU) can't do half arithmetic.
-Bool buffers hold bytes (an OpenCL kernel can't take a bool pointer). IR vectors (a scatter-add's
-lanes) are rendered lane by lane: one scalar per lane.
+Bool buffers hold bytes (an OpenCL kernel can't take a bool pointer). IR vectors (a register tile's row,
+a scatter-add's lanes) compute lane by lane, one scalar per lane; in OpenCL their loads and stores of a
+global buffer are one vloadN / vstoreN (no alignment needed), in CUDA one access per lane.
 """
 from __future__ import annotations
 import math
@@ -55,6 +56,7 @@ class Dialect:
   math_suffix: bool             # float math as expf (CUDA) or by overloading (OpenCL)
   int64_suffix: str
   half_round: str = "tc_half"
+  vector_memory: bool = False   # vloadN / vstoreN for a vector's consecutive elements (OpenCL: any alignment)
 
 
 _COMMON_TYPES = {dtypes.bool: "bool", dtypes.int16: "short", dtypes.int32: "int", dtypes.float16: "float",
@@ -66,7 +68,8 @@ OPENCL = Dialect(
   "barrier(CLK_LOCAL_MEM_FENCE);",
   {**_COMMON_TYPES, dtypes.uint8: "uchar", dtypes.int8: "char", dtypes.int64: "long"},
   {dtypes.bool: "uchar", dtypes.float16: "half"},
-  "vload_half({idx}, {buf})", "vstore_half_rte({value}, {idx}, {buf});", "as_{type}({value})", False, "L")
+  "vload_half({idx}, {buf})", "vstore_half_rte({value}, {idx}, {buf});", "as_{type}({value})", False, "L",
+  vector_memory=True)
 CUDA = Dialect(
   "CUDA", CUDA_PRELUDE, 'extern "C" __global__ void', "", "__shared__ ", "__restrict__",
   {"global": "(int)(blockIdx.{xyz}*blockDim.{xyz}+threadIdx.{xyz})", "local": "(int)threadIdx.{xyz}",
@@ -137,8 +140,18 @@ class GPURenderer:
     idx = self.lane(u.srcs[1], 0)
     return idx if u.vec == 1 and (len(u.srcs) < 3 or u.srcs[2].vec == 1) else f"{idx}+{i}"
 
+  def vector_access(self, u: UOp, value: UOp) -> bool:
+    """A whole vector of consecutive elements of a global buffer, read or written with one vloadN/vstoreN."""
+    buf = u.srcs[0]
+    return self.d.vector_memory and value.vec in (2, 4, 8, 16) and buf.op is UOps.DEFINE_GLOBAL and \
+      buf.dtype not in (dtypes.bool, dtypes.float16) and (len(u.srcs) == 3 and u.op is UOps.STORE or len(u.srcs) == 2)
+
   def load(self, u: UOp) -> list[str]:
     buf = u.srcs[0]
+    if self.vector_access(u, u):
+      self.names[id(u)] = [f"val{u.num}.s{i:x}" for i in range(u.vec)]
+      at = f"{self.lane(buf, 0)}+{self.lane(u.srcs[1], 0)}"
+      return [f"{self.type(u.dtype)}{u.vec} val{u.num} = vload{u.vec}(0, {at});"]
     exprs = []
     for i in range(u.vec):
       at = self.address(u, i)
@@ -153,6 +166,10 @@ class GPURenderer:
 
   def store(self, u: UOp) -> list[str]:
     buf, value = u.srcs[0], u.srcs[2]
+    if self.vector_access(u, value):
+      lanes = ", ".join(self.lane(value, i) for i in range(value.vec))
+      at = f"{self.lane(buf, 0)}+{self.lane(u.srcs[1], 0)}"
+      return [f"vstore{value.vec}(({self.type(value.dtype)}{value.vec})({lanes}), 0, {at});"]
     lines = []
     for i in range(value.vec):
       at, v = self.address(u, i), self.lane(value, i)
