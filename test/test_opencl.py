@@ -146,6 +146,11 @@ def test_to_opencl_keeps_gradients():
   np.testing.assert_array_equal(back.numpy(), x.numpy())
 
 
+def test_cuda_says_why_it_is_missing():
+  with pytest.raises(ValueError, match="compile-check"):
+    Tensor([1.0], device="CUDA")
+
+
 @needs_opencl
 def test_device_memory_errors():
   with pytest.raises(MemoryError, match="OPENCL"):

@@ -100,6 +100,9 @@ class _DeviceRegistry:
     base = name.split(":")[0].upper()
     if base in ("CLANG", "C"): base = "CPU"
     if base == "CL": base = "OPENCL"     # tinygrad's name
+    if base == "CUDA":
+      raise ValueError("device CUDA is not available: tinychad renders CUDA C and compile-checks it with NVRTC "
+                       "(tinychad/renderer/gpu.py), but has no CUDA runtime yet; DEVICE=OPENCL runs the same GPU kernels")
     if base not in _DeviceRegistry._modules:
       raise ValueError(f"unknown device {name!r}; devices are {sorted(_DeviceRegistry._modules)}")
     return base
