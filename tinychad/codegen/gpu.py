@@ -16,11 +16,12 @@ elements is one vector (`_vector_axis`: a vector load or store). Then:
   - a work-group size is chosen per dimension from the loop extents (`work_group`), at most
     MAX_WORK_GROUP work-items; the grid is rounded up to whole groups and an IF keeps the padding
     work-items from running;
-  - a kernel with a reduce and at most GROUP_REDUCE_MAX_OUTPUTS outputs (a full sum, a small matmul's
-    gradient wrt a bias) is a grouped reduce (`_grouped_reduce`): GROUP_REDUCE_THREADS work-items share
+  - a kernel with one reduce loop of at least GROUP_REDUCE_MIN steps and at most GROUP_REDUCE_MAX_OUTPUTS
+    outputs (a full sum, a bias's gradient) is a grouped reduce (`_grouped_reduce`): GROUP_REDUCE_THREADS work-items share
     each output, each sums a strided slice of the reduce range, and the group adds their partial sums
     in work-group memory, halving with a barrier between steps.
 Loops left (reduce loops, a scatter-add's inner loops) run inside each work-item.
+Not checked: CUDA's limit of 65535 blocks along dimensions 1 and 2 (OpenCL has none); only OpenCL runs.
 """
 from __future__ import annotations
 from tinychad.dtype import VECTOR_DTYPES, dtypes
