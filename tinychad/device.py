@@ -1,8 +1,9 @@
 """Devices and their memory.
 
 in: a device name ("NUMPY", "CPU", "LLVM", optionally "CPU:0")  ->  out: the device object that runs
-kernels, and Buffers of host memory. All our devices live on the host, so a Buffer is a 64-byte
-aligned numpy array underneath; devices differ only in how they build and run a kernel. Each device is
+kernels, and Buffers of memory. The CPU devices live on the host, so their Buffer is a 64-byte aligned
+numpy array underneath; a device with memory of its own (DEVICE_MEMORY: OPENCL) hands out its buffers
+through its `allocator` (alloc, free, copyin, copyout), and `as_numpy` is then a copy. Each device is
 a declaration in runtime/ (its renderer, compiler and program loader: runtime/compiled.py), imported
 by name on first use; engine/realize.py drives them.
 """
@@ -65,6 +66,8 @@ def _load_libc():
 
 _LIBC = _load_libc()
 memory_pool = _MemoryPool()
+# devices whose buffers live in their own memory, through their device object's `allocator`
+DEVICE_MEMORY = frozenset({"OPENCL"})
 
 
 # PyTorch's memory questions (torch.cuda.memory_allocated() and friends), answered for host memory
@@ -96,33 +99,41 @@ class Buffer:
   def __repr__(self) -> str: return f"<Buffer {self.device} {self.size} {self.dtype.name}>"
 
   def __del__(self):
-    if self._memory is None or GlobalCounters is None: return   # None: the interpreter is shutting down
+    if self._memory is None or GlobalCounters is None or memory_pool is None: return   # None: the interpreter is shutting down
     GlobalCounters.mem_used -= self.nbytes
-    if memory_pool is not None: memory_pool.give(self._memory, self.address)
+    if self.device in DEVICE_MEMORY: Device[self.device].allocator.free(self._memory)
+    else: memory_pool.give(self._memory, self.address)
 
   @property
   def nbytes(self) -> int: return self.size * self.dtype.itemsize
 
   def allocate(self) -> Buffer:
     if self._memory is None:
-      self._memory, self.address = memory_pool.take(self.nbytes)   # address: what kernels are called with
+      if self.device in DEVICE_MEMORY: self._memory, self.address = Device[self.device].allocator.alloc(self.nbytes), 0
+      else: self._memory, self.address = memory_pool.take(self.nbytes)   # address: what kernels are called with
       GlobalCounters.mem_used += self.nbytes
       GlobalCounters.mem_peak = max(GlobalCounters.mem_peak, GlobalCounters.mem_used)
     return self
 
   def copyin(self, array: np.ndarray) -> Buffer:
-    self.as_numpy()[:] = array.reshape(-1)
+    if self.device in DEVICE_MEMORY:
+      flat = np.ascontiguousarray(np.broadcast_to(array.reshape(-1), (self.size,)), dtype=self.dtype.np)
+      Device[self.device].allocator.copyin(self.allocate()._memory, flat)
+    else: self.as_numpy()[:] = array.reshape(-1)
     return self
 
   def as_numpy(self) -> np.ndarray:
-    """The buffer's memory as a flat numpy array (no copy); made on first use, as kernels need only the address."""
+    """The buffer's memory as a flat numpy array (no copy); made on first use, as kernels need only the
+    address. A device with memory of its own gives a copy of it, made on every call."""
+    if self.device in DEVICE_MEMORY: return Device[self.device].allocator.copyout(self.allocate()._memory, self.size, self.dtype.np)
     if self._data is None: self._data = self.allocate()._memory.view(self.dtype.np)
     return self._data
 
 
 class _DeviceRegistry:
   """`Device["CPU"]` gives the device object; `Device.DEFAULT` is the default device's name."""
-  _modules = {"NUMPY": "tinychad.runtime.ops_numpy", "CPU": "tinychad.runtime.ops_cpu", "LLVM": "tinychad.runtime.ops_llvm"}
+  _modules = {"NUMPY": "tinychad.runtime.ops_numpy", "CPU": "tinychad.runtime.ops_cpu", "LLVM": "tinychad.runtime.ops_llvm",
+              "OPENCL": "tinychad.runtime.ops_opencl"}
 
   def __init__(self):
     self._devices: dict = {}
@@ -133,6 +144,10 @@ class _DeviceRegistry:
     if name is None: return Device.DEFAULT
     base = name.split(":")[0].upper()
     if base in ("CLANG", "C"): base = "CPU"
+    if base == "CL": base = "OPENCL"     # tinygrad's name
+    if base == "CUDA":
+      raise ValueError("device CUDA is not available: tinychad renders CUDA C and compile-checks it with NVRTC "
+                       "(tinychad/renderer/gpu.py), but has no CUDA runtime yet; DEVICE=OPENCL runs the same GPU kernels")
     if base not in _DeviceRegistry._modules:
       raise ValueError(f"unknown device {name!r}; devices are {sorted(_DeviceRegistry._modules)}")
     return base

@@ -3,8 +3,9 @@
 in: nothing (the types only)
 out: UOps (the instruction kinds), UOp (one typed instruction with its sources) and Program (a kernel's
      instructions in execution order, its arguments, and the facts a renderer needs about its loops).
-linearize.py, scatter.py and attention.py make Programs; renderer/cstyle.py and renderer/llvmir.py write them out, so
-the C and the LLVM backends cannot disagree about what a kernel computes.
+linearize.py, scatter.py and attention.py make Programs (gpu.py turns them into GPU Programs, renderer/gpu.py
+writes those); renderer/cstyle.py and renderer/llvmir.py write them out, so the C and the LLVM backends cannot
+disagree about what a kernel computes.
 """
 from __future__ import annotations
 from dataclasses import dataclass, field
@@ -29,6 +30,12 @@ class UOps(Enum):
                           # goes straight to memory, not through the cache (opt.py's `stream`)
   VECTORIZE = auto()      # srcs = one scalar per lane: the vector of them
   GEP = auto()            # srcs = (vector,), arg = lane: that lane as a scalar
+  # GPU programs only (codegen/gpu.py makes them, renderer/gpu.py writes them):
+  SPECIAL = auto()        # a work-item index: arg = (variable name, "global" | "local" | "group", dimension 0..2)
+  DEFINE_SHARED = auto()  # an array the whole work-group shares (OpenCL __local, CUDA __shared__): arg = elements
+  BARRIER = auto()        # every work-item of the group waits here; their work-group memory writes are then visible
+  IF = auto()             # srcs = (condition,): what follows up to the matching ENDIF runs only where it holds
+  ENDIF = auto()          # closes the innermost IF
 
 
 @dataclass(eq=False)
@@ -46,7 +53,8 @@ class Program:
   name: str
   uops: list[UOp]
   globals: list[UOp]      # DEFINE_GLOBALs in argument order: output first, then inputs by number
-  parallel: int = 0       # extent of the loop threads may split (its [start, end) are the last two arguments); 0: none
+  parallel: int | tuple = 0  # extent of the loop threads may split (its [start, end) are the last two arguments); 0: none;
+                             # a GPU Program's launch: (global sizes x3, local sizes x3)
   contract: bool = False  # a float sum reordered into partial sums anyway: fused multiply-add is welcome
 
   def pretty(self) -> str:

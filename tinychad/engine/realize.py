@@ -158,11 +158,14 @@ def build(items: list[ScheduleItem]) -> dict[tuple, float]:
     if kernel is not None:
       device.programs[key] = kernel
       continue
-    opts = None
-    if getenv("BEAM", 0) >= 1:
-      from tinychad.engine.search import search_item   # only with BEAM: it imports the whole search
-      opts = search_item(item)
-    new.setdefault(device, {})[key] = _New(key, record_key, lower_item(item, opts), time.perf_counter() - start)
+    if hasattr(device, "lower"): program = device.lower(item)   # a GPU device's own lowering (codegen/gpu.py)
+    else:
+      opts = None
+      if getenv("BEAM", 0) >= 1:
+        from tinychad.engine.search import search_item   # only with BEAM: it imports the whole search
+        opts = search_item(item)
+      program = lower_item(item, opts)
+    new.setdefault(device, {})[key] = _New(key, record_key, program, time.perf_counter() - start)
   seconds: dict[tuple, float] = {}
   for device, members in new.items():
     if device.batch and len(members) > 1:

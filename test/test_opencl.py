@@ -1,0 +1,212 @@
+"""The OPENCL device and the GPU lowering: property tests against the NUMPY reference (odd sizes that
+don't divide a work-group, 0-size dims, non-contiguous views), moving tensors with gradients, the launch
+geometry, and the CUDA dialect compiled by NVRTC for sm_80 and sm_90 (no GPU needed).
+
+OPENCL runs where pyopencl and an OpenCL platform (PoCL on CI) are installed; the NVRTC tests where
+PyPI's nvidia-cuda-nvrtc-cu12 is. The op suite itself runs on OPENCL through conftest's `each_device`.
+"""
+from __future__ import annotations
+import functools
+import sys
+from pathlib import Path
+import numpy as np
+import pytest
+from tinychad import Tensor, dtypes
+from tinychad.device import Device
+from tinychad.codegen.gpu import GROUP_REDUCE_THREADS, MAX_WORK_GROUP, REGISTER_TILE, lower_gpu, work_group
+from tinychad.codegen.uops import UOps
+from tinychad.engine.realize import capture
+from tinychad.engine.schedule import create_schedule
+from tinychad.renderer.gpu import render_gpu_library
+from tinychad.runtime.nvrtc import compile_cuda, load_nvrtc
+
+has_opencl = Device.available("OPENCL")
+needs_opencl = pytest.mark.skipif(not has_opencl, reason="no OpenCL platform (apt-get install pocl-opencl-icd)")
+needs_nvrtc = pytest.mark.skipif(load_nvrtc() is None, reason="NVRTC missing (pip install nvidia-cuda-nvrtc-cu12)")
+rng = np.random.default_rng(0)
+
+
+def on_both(fn, *arrays: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+  """fn over the arrays as Tensors on OPENCL and on NUMPY."""
+  return tuple(fn(*[Tensor(a, device=d) for a in arrays]).numpy() for d in ("OPENCL", "NUMPY"))
+
+
+def assert_both(fn, *arrays: np.ndarray, atol: float = 1e-5) -> None:
+  got, want = on_both(fn, *arrays)
+  assert got.shape == want.shape and got.dtype == want.dtype
+  np.testing.assert_allclose(got, want, atol=atol, rtol=1e-5)
+
+
+def test_work_group_sizes():
+  assert work_group([1000]) == [128]            # padded to 1024
+  assert work_group([100, 7]) == [100, 1]       # a whole small extent, then what is left of the group
+  assert work_group([130]) == [16]              # 144: 128 would pad to 256
+  assert work_group([5, 3, 2]) == [5, 3, 2]
+  assert all(np.prod(work_group(e)) <= MAX_WORK_GROUP for e in ([4096, 4096], [3, 999, 17], [1, 1, 1]))
+
+
+def _program(t: Tensor):
+  items = [i for i in create_schedule([t.lazydata]) if i.is_kernel]
+  return lower_gpu(items[-1])
+
+
+def test_loops_become_a_guarded_grid():
+  a = Tensor(np.ones((3, 5, 7, 9), np.float32), device="NUMPY")
+  b = Tensor(np.ones((9, 5, 3, 7), np.float32), device="NUMPY")
+  program = _program(a.permute(3, 1, 0, 2) + b)
+  specials = [u for u in program.uops if u.op is UOps.SPECIAL]
+  assert [u.arg[2] for u in specials] == [0, 1, 2]
+  assert not any(u.op is UOps.RANGE for u in program.uops)       # every loop became a work-item index
+  grid, local = program.parallel[:3], program.parallel[3:]
+  assert all(g % g_local == 0 for g, g_local in zip(grid, local)) and np.prod(local) <= MAX_WORK_GROUP
+  assert np.prod(grid) >= 3 * 5 * 7 * 9
+  # many outputs: each work-item runs its own reduce loop
+  program = _program(Tensor(np.ones((3000, 300), np.float32), device="NUMPY").sum(1))
+  assert [u.arg[0] for u in program.uops if u.op is UOps.RANGE] == ["ridx0"]
+  assert not any(u.op is UOps.BARRIER for u in program.uops)
+
+
+def test_matmul_gets_a_register_tile():
+  a, b = (Tensor(np.ones(s, np.float32), device="NUMPY") for s in ((64, 32), (32, 48)))
+  program = _program(a @ b)
+  assert sum(u.vec for u in program.uops if u.op is UOps.DEFINE_ACC) == REGISTER_TILE ** 2
+  assert program.parallel[:2] == (48 // REGISTER_TILE, 64 // REGISTER_TILE)
+  # a row of B is one vector load, a row of the tile one vector store
+  assert any(u.op is UOps.LOAD and u.vec == REGISTER_TILE for u in program.uops)
+  assert "vload4(" in render_gpu_library([program], ["k"]) and "vstore4(" in render_gpu_library([program], ["k"])
+  assert "vload" not in render_gpu_library([program], ["k"], "CUDA")
+  # 65 rows: not a multiple of the tile, so that axis stays one output per work-item
+  a = Tensor(np.ones((65, 32), np.float32), device="NUMPY")
+  assert sum(u.vec for u in _program(a @ b).uops if u.op is UOps.DEFINE_ACC) == REGISTER_TILE
+
+
+def test_few_long_reduces_are_grouped():
+  program = _program(Tensor(np.ones((6, 1000), np.float32), device="NUMPY").sum(1))
+  ops = [u.op for u in program.uops]
+  assert UOps.DEFINE_SHARED in ops and ops.count(UOps.BARRIER) == 1 + GROUP_REDUCE_THREADS.bit_length() - 1
+  assert program.parallel == (GROUP_REDUCE_THREADS, 6, 1, GROUP_REDUCE_THREADS, 1, 1)
+
+
+@needs_opencl
+@pytest.mark.parametrize("shape", [(1,), (7,), (129,), (3, 5), (13, 1, 17), (2, 3, 5, 7, 11), (0, 4), (4, 0, 3)])
+def test_elementwise_shapes(shape):
+  a, b = rng.standard_normal(shape).astype(np.float32), rng.standard_normal(shape).astype(np.float32)
+  assert_both(lambda x, y: (x * y + x.exp()).relu() - y.abs().sqrt(), a, b)
+
+
+@needs_opencl
+@pytest.mark.parametrize("shape, axis", [((7, 13), 1), ((7, 13), 0), ((3, 129, 5), 1), ((1000,), 0), ((0, 5), 1),
+                                         ((5, 0), 1), ((2, 3, 4), (0, 2)), ((3, 1000), 1), ((257, 3), 0),
+                                         ((4, 4096), 1), ((2, 300, 3), 1)])
+def test_reductions(shape, axis):
+  a = rng.standard_normal(shape).astype(np.float32)
+  assert_both(lambda x: x.sum(axis), a, atol=1e-4)
+  if 0 not in shape: assert_both(lambda x: x.max(axis), a)
+  if 0 not in shape: assert_both(lambda x: x.softmax(-1), a)
+
+
+@needs_opencl
+@pytest.mark.parametrize("m, k, n", [(1, 1, 1), (3, 5, 7), (17, 33, 65), (64, 64, 64), (130, 7, 129), (2, 0, 3)])
+def test_matmul_odd_sizes(m, k, n):
+  a, b = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
+  assert_both(lambda x, y: x @ y, a, b, atol=1e-4)
+
+
+@needs_opencl
+def test_non_contiguous_views():
+  a = rng.standard_normal((6, 9, 11)).astype(np.float32)
+  assert_both(lambda x: x.permute(2, 0, 1)[::2, 1:, ::-3] * 2, a)
+  assert_both(lambda x: x[:, :1, :].expand(6, 9, 11) + x.transpose(0, 1).transpose(0, 1), a)
+  assert_both(lambda x: x.pad(((1, 2), (0, 0), (3, 1))).sum(2), a)
+  assert_both(lambda x: x.reshape(6, 99)[:, 5:50:3].contiguous().T @ x.reshape(6, 99)[:, :15], a, atol=1e-4)
+
+
+@needs_opencl
+@pytest.mark.parametrize("dtype", [dtypes.int32, dtypes.int64, dtypes.uint8, dtypes.bool, dtypes.float16, dtypes.float64])
+def test_dtypes(dtype):
+  a = (rng.standard_normal((5, 9)) * 20).astype(dtype.np)
+  b = (rng.standard_normal((5, 9)) * 20).astype(dtype.np)
+  for fn in (lambda x, y: x + y, lambda x, y: x < y, lambda x, y: x.max(1), lambda x, y: x.cast(dtypes.float32) * 3):
+    got, want = on_both(fn, a, b)
+    assert got.dtype == want.dtype
+    np.testing.assert_array_equal(got, want)
+
+
+@needs_opencl
+def test_to_opencl_keeps_gradients():
+  x = Tensor(rng.standard_normal((4, 5)).astype(np.float32), requires_grad=True)
+  y = x.to("CL")
+  assert y.device == "OPENCL"
+  loss = (y.relu() * y).sum()
+  loss.backward()
+  want = np.where(x.numpy() > 0, 2 * x.numpy(), 0)
+  assert x.grad.device == x.device
+  np.testing.assert_allclose(x.grad.numpy(), want, rtol=1e-6)
+  back = y.to("NUMPY")
+  np.testing.assert_array_equal(back.numpy(), x.numpy())
+
+
+def test_cuda_says_why_it_is_missing():
+  with pytest.raises(ValueError, match="compile-check"):
+    Tensor([1.0], device="CUDA")
+
+
+@needs_opencl
+def test_device_memory_errors():
+  with pytest.raises(MemoryError, match="OPENCL"):
+    Tensor.empty(1 << 62, dtype=dtypes.uint8, device="OPENCL").realize()
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_sources() -> tuple[tuple[str, str], ...]:
+  """(name, CUDA source) of every kernel of: a sample of ops over every dtype, a conv net's training step with
+  Adam (bench/cnn_train.py's), and bench/gpt.py's GPT forward and a training step of it. They run on NUMPY
+  (fast to run, nothing to compile) and every kernel run is captured."""
+  sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+  from bench.gpt import VOCAB, tensor_gpt, weight_shapes
+  from tinychad.nn.optim import Adam
+  previous, Device.DEFAULT = Device.DEFAULT, "NUMPY"
+  try:
+    with capture() as steps:
+      Tensor.manual_seed(0)
+      w = {name: (Tensor.randn(*shape) * 0.02).requires_grad_() for name, shape in weight_shapes(8).items()}
+      logits = tensor_gpt(w, Tensor.randint(0, VOCAB, size=(2, 8)))
+      opt = Adam(list(w.values()), lr=1e-3)
+      logits.reshape(16, VOCAB).cross_entropy(Tensor.randint(0, VOCAB, size=(16,))).backward()
+      opt.step()
+      x = Tensor.randn(4, 1, 28, 28)
+      conv1, conv2 = Tensor.randn(32, 1, 5, 5, requires_grad=True), Tensor.randn(64, 32, 5, 5, requires_grad=True)
+      fc = Tensor.randn(10, 1024, requires_grad=True)
+      opt = Adam([conv1, conv2, fc], lr=1e-3)
+      h = x.conv2d(conv1).relu().max_pool2d(2).conv2d(conv2).relu().max_pool2d(2)
+      h.flatten(1).linear(fc.T).cross_entropy(Tensor.randint(0, 10, size=(4,))).backward()
+      opt.step()
+      table = Tensor.randn(10, 6, requires_grad=True)
+      picked = table[Tensor([1, 3, 3, 9, 0])]
+      (picked * picked).sum().backward()
+      outs = [table.grad]
+      for dtype in (dtypes.float16, dtypes.float64, dtypes.int8, dtypes.uint8, dtypes.int16, dtypes.int64, dtypes.bool):
+        a = Tensor([[1, 0, 3], [4, 5, 0]], dtype=dtype)
+        outs += [(a + a) * a, a.max(1), a < a.T.reshape(2, 3), a.cast(dtypes.float32).exp() if dtype != dtypes.bool else a]
+      f = Tensor.randn(33, 17)
+      outs += [f.sin() / f.sqrt() % 3, f.bitcast(dtypes.int32) // 7, (f @ f.T).softmax(), f.cumsum(0), f.trunc(),
+               Tensor.randn(5, 3000).sum(1), Tensor.randn(700).max()]
+      for out in outs: out.realize()
+  finally:
+    Device.DEFAULT = previous
+  items = {(item.ast, item.name): item for item, _ in steps if item is not None and item.is_kernel}
+  return tuple((item.name, render_gpu_library([lower_gpu(item)], [item.name], "CUDA")) for item in items.values())
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_cuda_kernels_compile(arch):
+  sources = _cuda_sources()
+  assert len(sources) > 80
+  for name, source in sources: compile_cuda(source, arch, f"{name}.cu")      # raises on any error or warning
+
+
+@needs_nvrtc
+def test_nvrtc_reports_errors():
+  with pytest.raises(RuntimeError, match="undefined"):
+    compile_cuda('extern "C" __global__ void k(float* a) { a[0] = not_defined; }', "sm_80")

@@ -1,0 +1,148 @@
+"""The OPENCL device (also `CL`): kernels lowered for a launch grid (codegen/gpu.py), rendered to OpenCL C
+(renderer/gpu.py), built by the platform's compiler through pyopencl and run on its first device.
+
+in: ScheduleItems to lower, GPU Programs to render and build, Buffers of device memory
+out: OpenCL programs (their source cached on disk by the kernel cache), kernels launched over their grid;
+     device memory (cl.Buffer) with host<->device copies for device.Buffer.
+On the CI machines the platform is PoCL (Debian's pocl-opencl-icd), which runs OpenCL on the CPU with
+real work-groups, work-group memory and barriers. A launch waits for its kernel: realize times each
+kernel alone, and a copy back to the host must see the results anyway.
+"""
+from __future__ import annotations
+from typing import Any, NamedTuple
+import numpy as np
+from tinychad.codegen.gpu import lower_gpu
+from tinychad.renderer.gpu import render_gpu_library
+from tinychad.runtime.cache import cached_bytes, memoize, stored_bytes
+from tinychad.runtime.compiled import Compiled
+
+try:
+  import pyopencl as cl
+except ImportError:       # the device is then unavailable; asking for it says why
+  cl = None
+
+
+class GPUKernel(NamedTuple):
+  fn: Any                 # the cl.Kernel
+  parallel: tuple         # (global sizes x3, local sizes x3)
+  address: int            # unused: a kernel is launched through the queue
+  owner: Any              # the cl.Program holding it
+
+
+class _Allocator:
+  """cl.Buffers, freed ones kept by byte size for the next buffer of that size (bounded, as device.py's
+  host pool is), and copies between them and numpy arrays."""
+  LIMIT_BYTES = 1 << 30
+
+  def __init__(self, context, queue, device):
+    self.context, self.queue, self.device = context, queue, device
+    self.free_buffers: dict[int, list] = {}
+    self.pooled_bytes = 0
+
+  def alloc(self, nbytes: int):
+    nbytes = max(nbytes, 1)       # OpenCL has no empty buffers
+    if self.free_buffers.get(nbytes):
+      self.pooled_bytes -= nbytes
+      return self.free_buffers[nbytes].pop()
+    if nbytes > self.device.max_mem_alloc_size:
+      raise MemoryError(f"OPENCL: {nbytes} bytes is more than {self.device.name} allocates at once "
+                        f"({self.device.max_mem_alloc_size} bytes)")
+    try:
+      return cl.Buffer(self.context, cl.mem_flags.READ_WRITE, nbytes)
+    except cl.Error as error:
+      raise MemoryError(f"OPENCL: can't allocate {nbytes} bytes on {self.device.name}: {error}") from None
+
+  def free(self, memory) -> None:
+    if self.pooled_bytes + memory.size > self.LIMIT_BYTES: return
+    self.free_buffers.setdefault(memory.size, []).append(memory)
+    self.pooled_bytes += memory.size
+
+  def copyin(self, memory, array: np.ndarray) -> None:
+    if array.nbytes: cl.enqueue_copy(self.queue, memory, array, is_blocking=True)
+
+  def copyout(self, memory, size: int, dtype) -> np.ndarray:
+    out = np.empty(size, dtype=dtype)
+    if out.nbytes: cl.enqueue_copy(self.queue, out, memory, is_blocking=True)
+    return out
+
+
+def _first_device():
+  """The first device of the first OpenCL platform that has one, or None."""
+  if cl is None: return None
+  try:
+    platforms = cl.get_platforms()
+  except cl.Error:        # the ICD loader finds no platform
+    return None
+  for platform in platforms:
+    try:
+      devices = platform.get_devices()
+    except cl.Error:
+      continue
+    if devices: return devices[0]
+  return None
+
+
+class OpenCLDevice(Compiled):
+  batch = True            # an OpenCL program holds several kernels: one build for a schedule's new ones
+  suffix = ".cl"
+
+  def __init__(self, name: str):
+    super().__init__(name)
+    self.device = _first_device()
+    if self.device is None:
+      why = "pyopencl is not installed (pip install pyopencl)" if cl is None else \
+        "no OpenCL platform with a device was found (on Debian: apt-get install pocl-opencl-icd)"
+      raise RuntimeError(f"OPENCL device unavailable: {why}")
+    self.context = cl.Context([self.device])
+    self.queue = cl.CommandQueue(self.context, self.device)
+    self.allocator = _Allocator(self.context, self.queue, self.device)
+
+  @staticmethod
+  def available() -> bool: return _first_device() is not None
+
+  @staticmethod
+  def lower(item): return lower_gpu(item)
+
+  @staticmethod
+  def renderer(programs: list, symbols: list[str]) -> str: return render_gpu_library(programs, symbols, "OPENCL")
+
+  def identity(self, source: str = "", contract: bool = False) -> str:
+    platform = self.device.platform
+    return f"{platform.name} {platform.version} {self.device.name} {self.device.driver_version}"
+
+  def build_program(self, source: str, name: str):
+    try:
+      return cl.Program(self.context, source).build()
+    except cl.Error as error:
+      raise RuntimeError(f"OPENCL: kernel {name} doesn't build:\n{error}\n{source}") from None
+
+  # The kernel cache keeps the source that built, not the program binary: PoCL loads a binary slower than
+  # it rebuilds the source against its own cache of built programs (~/.cache/pocl; one kernel: 0.9 s
+  # against 0.14 s, twenty: 10 s against 0.14 s), and GPU drivers keep such caches too.
+  def library(self, source: str, name: str, contract: bool = False):
+    key = self.binary_key(source, contract)
+
+    def build():
+      program = self.build_program(source, name)
+      cached_bytes(key, self.suffix, source.encode)
+      return program
+    return memoize(key, build), key
+
+  def stored_library(self, key: str):
+    return memoize(key, lambda: None if (text := stored_bytes(key, self.suffix)) is None else
+                   self.build_program(text.decode(), key))
+
+  def kernel(self, handle, symbol: str, buffers: int, parallel) -> GPUKernel:
+    return GPUKernel(cl.Kernel(handle, symbol), tuple(parallel), 0, handle)
+
+  def build(self, program) -> GPUKernel:
+    handle, _ = self.library(self.renderer([program], [program.name]), program.name)
+    return self.kernel(handle, program.name, len(program.globals), program.parallel)
+
+  def run(self, kernel: GPUKernel, bufs: list, points: int) -> None:
+    fn, launch = kernel.fn, kernel.parallel
+    fn.set_args(*[b.allocate()._memory for b in bufs])
+    cl.enqueue_nd_range_kernel(self.queue, fn, launch[:3], launch[3:]).wait()
+
+
+def device_class(): return OpenCLDevice
