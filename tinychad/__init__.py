@@ -18,11 +18,12 @@ knowing only what is below it. test/test_layers.py holds the same order and enfo
   6 engine/*, viz, export    graph in, kernels run: scheduling, realize, JIT, BEAM search, the graph's pictures
   7 function                 autograd: each primitive's forward and backward, on LazyBuffers
   8 tensor, indexing,        the front end users call; indexing and nn/functional define some of Tensor's
-    nn/functional            methods, so they and tensor.py import each other (the only such pairs)
+    nn/functional,           methods, so they and tensor.py import each other (the only such pairs);
+    distributed/comm         MPI collectives on tensors (nn's SyncBatchNorm uses them)
   9 nn/* (but functional),   libraries written with Tensor (layers, optimizers, state dicts, data sets),
     optim, data, datasets,   the runnable examples and this package's names: they use the front end,
     compat, examples/*,      nothing below them needs them
-    __init__
+    distributed/*, __init__
 """
 from tinychad.tensor import Tensor, no_grad
 from tinychad.dtype import dtypes, DType
