@@ -8,6 +8,8 @@ all-reduce time per step (one all-reduce of the model's gradient bytes, median).
   tinychad  mpirun -np 2, THREADS=1 each, TinyJit step with tinychad.distributed's bucketed all-reduce
   torch     1 process, 2 threads
   torch     2 processes x 1 thread, DistributedDataParallel (gloo over loopback)
+Then a sweep of all-reduce sizes (2 ranks, loopback), from which docs/distributed.md's cost model takes
+its latency and bandwidth.
   python bench/distributed.py [--steps N]
 """
 from __future__ import annotations
@@ -68,6 +70,27 @@ def tinychad_worker(steps: int) -> dict:
           "grad_bytes": grad_bytes}
 
 
+SWEEP_BYTES = [2**k for k in range(3, 27, 2)]     # 8 B .. 32 MiB
+
+
+def sweep_worker() -> dict:
+  """Median seconds of an all-reduce (sum, float32) of each size in SWEEP_BYTES."""
+  from tinychad import Tensor
+  from tinychad import distributed as dist
+  dist.init()
+  seconds = {}
+  for nbytes in SWEEP_BYTES:
+    flat = Tensor.zeros(nbytes // 4).contiguous().realize()
+    times = []
+    for _ in range(max(5, min(50, 2**24 // nbytes))):
+      dist.barrier()
+      start = time.perf_counter()
+      dist.all_reduce(flat)
+      times.append(time.perf_counter() - start)
+    seconds[str(nbytes)] = statistics.median(times)
+  return {"sweep": seconds}
+
+
 def torch_worker(steps: int) -> dict:
   import torch
   import torch.distributed as tdist
@@ -120,7 +143,7 @@ def run(kind: str, processes: int, steps: int) -> dict:
   threads = "2" if processes == 1 else "1"
   env = {**os.environ, "PYTHONPATH": str(ROOT), "THREADS": threads, "OMP_NUM_THREADS": threads}
   script = [sys.executable, str(Path(__file__).resolve()), "--worker", kind, "--steps", str(steps)]
-  if kind == "tinychad" and processes > 1:
+  if kind in ("tinychad", "sweep") and processes > 1:
     launcher = shutil.which("mpirun") or shutil.which("mpirun", path=str(Path(sys.executable).parent)) or "mpirun"
     command = [launcher, "-np", str(processes), "--oversubscribe", "--bind-to", "none",
                "-x", "PYTHONPATH", "-x", "THREADS"]
@@ -140,11 +163,11 @@ def run(kind: str, processes: int, steps: int) -> dict:
 
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("--worker", choices=["tinychad", "torch"])
+  parser.add_argument("--worker", choices=["tinychad", "torch", "sweep"])
   parser.add_argument("--steps", type=int, default=30)
   args = parser.parse_args()
   if args.worker:
-    result = (tinychad_worker if args.worker == "tinychad" else torch_worker)(args.steps)
+    result = sweep_worker() if args.worker == "sweep" else (tinychad_worker if args.worker == "tinychad" else torch_worker)(args.steps)
     rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("RANK", "0")))
     print("BENCH " + json.dumps({**result, "rank": rank}), flush=True)
     return
@@ -160,6 +183,10 @@ def main() -> None:
   torch2 = next(r for k, p, r in rows if k == "torch" and p == 2)
   print(f"\ngradient bytes per step: {tiny2['grad_bytes']:,}; tinychad 2 processes vs PyTorch DDP: "
         f"{torch2['step_s'] / tiny2['step_s']:.2f}x the speed")
+  sweep = run("sweep", 2, 0)["sweep"]
+  print("\nall-reduce (sum, float32), 2 ranks, loopback: bytes -> median ms, GB/s of bus traffic (2(N-1)/N x bytes)")
+  for nbytes, seconds in sweep.items():
+    print(f"{int(nbytes):>10,d} B {seconds * 1e3:9.3f} ms {int(nbytes) / seconds / 1e9:8.2f} GB/s")
 
 
 if __name__ == "__main__":
