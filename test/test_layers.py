@@ -30,8 +30,8 @@ LAYERS: list[tuple[str, ...]] = [
   ("lazy",),                                                              # 5 the lazy graph
   ("engine/*", "viz", "export/*"),                                        # 6 schedule, realize, jit
   ("function",),                                                          # 7 autograd on LazyBuffers
-  ("tensor", "indexing", "nn/functional"),                                # 8 the front end
-  ("nn/*", "optim", "data", "datasets", "compat", "models/*", "examples/*", "__init__"),  # 9 libraries on the front end
+  ("tensor", "indexing", "nn/functional", "distributed/comm"),            # 8 the front end
+  ("nn/*", "optim", "data", "datasets", "compat", "models/*", "examples/*", "distributed/*", "__init__"),  # 9 on the front end
 ]
 
 # Tensor is the front end's hub: some of its methods are defined in these modules (which need Tensor),

@@ -19,11 +19,13 @@ knowing only what is below it. test/test_layers.py holds the same order and enfo
     export/*                 a function exported as C, LLVM IR or WebAssembly
   7 function                 autograd: each primitive's forward and backward, on LazyBuffers
   8 tensor, indexing,        the front end users call; indexing and nn/functional define some of Tensor's
-    nn/functional            methods, so they and tensor.py import each other (the only such pairs)
+    nn/functional,           methods, so they and tensor.py import each other (the only such pairs);
+    distributed/comm         MPI collectives on tensors (nn's SyncBatchNorm uses them)
   9 nn/* (but functional),   libraries written with Tensor (layers, optimizers, state dicts, data sets),
     optim, data, datasets,   the models, the runnable examples and this package's names: they use the
     compat, models/*,        front end, nothing below them needs them
-    examples/*, __init__
+    examples/*,
+    distributed/*, __init__
 """
 from tinychad.tensor import Tensor, no_grad
 from tinychad.dtype import dtypes, DType

@@ -23,7 +23,7 @@ import types
 import weakref
 from typing import Any, Callable
 from tinychad.device import Buffer
-from tinychad.engine.realize import capture, realize, run_kernel
+from tinychad.engine.realize import HostCall, capture, realize, run_kernel
 from tinychad.helpers import DEBUG
 from tinychad.lazy import LazyBuffer
 from tinychad.ops import LoadOps
@@ -33,7 +33,7 @@ from tinychad.view import ShapeTracker
 class _Recording:
   """What call 2 ran: kernels with their buffers, the tensors assigned, and the outputs."""
   def __init__(self):
-    self.steps: list[tuple[Any, list[Buffer]]] = []      # (ScheduleItem or None for a copy, buffers)
+    self.steps: list[tuple[Any, list[Buffer]]] = []      # (ScheduleItem, None for a copy or HostCall, buffers)
     self.assigned: dict[int, tuple[Any, Buffer]] = {}     # id(tensor) -> (tensor, buffer before the call)
     self.random: list[tuple[Buffer, Callable]] = []       # random buffers made in the call, and how to redraw them
     # filled in when the call ends:
@@ -200,6 +200,9 @@ class TinyJit:
       mapped = [swap.get(id(b), b) for b in bufs]
       if item is None:
         mapped[0].copyin(mapped[1].as_numpy())
+        continue
+      if isinstance(item, HostCall):
+        item.fn(mapped)
         continue
       start = time.perf_counter() if debug >= 2 else 0.0
       run_kernel(item, mapped)

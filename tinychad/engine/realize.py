@@ -13,7 +13,9 @@ compiled at once (separate compiler processes); the others compile one after ano
 kernel runs (the device's `run`), timed alone: GlobalCounters.time_sum_s and DEBUG=2 count run time
 only, and DEBUG=2 shows a kernel's compile time beside it when it was compiled in this realize.
 GRAPH=1 and PORT=1 write the graphs and the standalone C program of each realize (viz.py, export/program.py)
-before it runs. TinyJit records the kernels run inside `with capture() as steps:`.
+before it runs. TinyJit records the kernels run inside `with capture() as steps:`, and the host steps
+(`run_on_host`: Python on host buffers between kernels, such as an MPI all-reduce) so that a replay
+runs them again in the same place.
 """
 from __future__ import annotations
 import contextlib
@@ -21,7 +23,7 @@ import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Callable, Iterator
 from tinychad.codegen import Program, lower_item
 from tinychad.device import Buffer, Device
 from tinychad.engine.schedule import ScheduleItem, create_schedule
@@ -45,6 +47,21 @@ def capture() -> Iterator[list]:
     yield steps
   finally:
     _captures.pop()      # blocks nest, so the last one opened closes first
+
+
+@dataclass(frozen=True)
+class HostCall:
+  """A recorded host step: `fn(buffers)` runs Python on host memory between kernels (an MPI collective,
+  say). buffers[0] is the buffer it writes (it may also read it); the rest are read."""
+  name: str
+  fn: Callable[[list[Buffer]], None]
+
+
+def run_on_host(name: str, fn: Callable[[list[Buffer]], None], bufs: list[Buffer]) -> None:
+  """Run fn(bufs) now and append it to every open capture(), so a TinyJit replay calls fn again on the
+  replay's buffers (which is how a jitted training step all-reduces each step's new gradients)."""
+  fn(bufs)
+  for steps in _captures: steps.append((HostCall(name, fn), bufs))
 
 
 def realize(outs: list[LazyBuffer]) -> None:

@@ -11,6 +11,10 @@ bench/mnist.py times it next to the same recipe in PyTorch.
   python -m tinychad.examples.mnist                      # CNN, default recipe
   python -m tinychad.examples.mnist --model bobnet       # the seed's 784-128-10 MLP with SGD
   python -m tinychad.examples.mnist --limit 5000         # quick run on the first 5,000 images
+  mpirun -np 2 python -m tinychad.examples.mnist         # data-parallel over 2 processes (MPI; docs/distributed.md)
+Under an MPI launcher (or with --distributed) each rank trains on its share of every batch of --batch-size
+(tinychad.distributed: weights broadcast from rank 0, gradients averaged, batchnorm statistics over the whole
+batch), so the run is the same recipe as one process; only rank 0 prints and saves.
 """
 from __future__ import annotations
 import argparse
@@ -24,8 +28,9 @@ from typing import Callable
 import numpy as np
 from tqdm import tqdm
 from tinychad import Device, Tensor, TinyJit, no_grad
+from tinychad import distributed as dist
 from tinychad import nn
-from tinychad.data import DataLoader
+from tinychad.data import DataLoader, DistributedSampler
 from tinychad.datasets import DatasetUnavailable, digits_28x28, mnist
 from tinychad.nn.lr_scheduler import LRScheduler, OneCycleLR
 from tinychad.nn.optim import SGD, Adam, Optimizer
@@ -113,7 +118,8 @@ def loss_fn(model: nn.Module, out: Tensor, y: Tensor) -> Tensor:
 def make_train_step(model: nn.Module, opt: Optimizer) -> Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]:
   """(images, labels) -> (loss, correct predictions): forward, backward and one optimizer step.
   Everything that changes between steps (parameters, moments, batchnorm statistics, the lr) lives in tensors
-  updated with assign, so TinyJit can replay the step's kernels."""
+  updated with assign, so TinyJit can replay the step's kernels. In a distributed run the gradients are
+  averaged over the ranks between backward and the step (host steps that TinyJit replays too)."""
   def step(x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
     opt.zero_grad()
     out = model(x)
@@ -121,6 +127,7 @@ def make_train_step(model: nn.Module, opt: Optimizer) -> Callable[[Tensor, Tenso
     # the forward pass in one schedule with the loss and the hit count, so the count doesn't run it again
     Tensor.realize(loss, hits)
     loss.backward()
+    dist.allreduce_gradients(opt.params)
     opt.step()
     return loss, hits
   return step
@@ -128,8 +135,14 @@ def make_train_step(model: nn.Module, opt: Optimizer) -> Callable[[Tensor, Tenso
 
 def train_loader(X: np.ndarray, Y: np.ndarray, batch_size: int, seed: int) -> DataLoader:
   """Shuffled numpy batches of (images, labels). Full batches only when there is one at least: a smaller last
-  batch has other shapes, so it would compile its own kernels and make the JIT record the step again."""
-  return DataLoader(X, Y, batch_size=batch_size, shuffle=True, seed=seed, drop_last=len(Y) >= batch_size, to_tensor=False)
+  batch has other shapes, so it would compile its own kernels and make the JIT record the step again.
+  In a job of several ranks, this rank's share of each batch (batch_size / world size rows)."""
+  world = dist.world_size()
+  if world == 1:
+    return DataLoader(X, Y, batch_size=batch_size, shuffle=True, seed=seed, drop_last=len(Y) >= batch_size, to_tensor=False)
+  if batch_size % world: raise ValueError(f"--batch-size {batch_size} must divide among {world} ranks")
+  sampler = DistributedSampler(len(Y), shuffle=True, seed=seed, drop_last=True)
+  return DataLoader(X, Y, batch_size=batch_size // world, drop_last=True, to_tensor=False, sampler=sampler)
 
 
 def train_epoch(model: nn.Module, opt: Optimizer, X: np.ndarray, Y: np.ndarray, batch_size: int, seed: int,
@@ -144,7 +157,7 @@ def train_epoch(model: nn.Module, opt: Optimizer, X: np.ndarray, Y: np.ndarray, 
   step = TinyJit(make_train_step(model, opt)) if jit else make_train_step(model, opt)
   loader = train_loader(X, Y, batch_size, seed)
   total_loss, correct, seen, start = 0.0, 0, 0, time.perf_counter()
-  with tqdm(loader, desc=desc, unit="batch", leave=True) as bar:
+  with tqdm(loader, desc=desc, unit="batch", leave=True, disable=not dist.is_main()) as bar:
     for xb, yb in bar:
       loss, hits = step(Tensor(normalize(xb), device=device), Tensor(yb, device=device))
       if scheduler is not None: scheduler.step()
@@ -203,6 +216,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                       help="test on N test images drawn at random (seeded) rather than all; random because the first ones are harder")
   parser.add_argument("--save", default=None, help="where to write the weights (default mnist_<model>.safetensors)")
   parser.add_argument("--seed", type=int, default=0)
+  parser.add_argument("--distributed", action="store_true", default=dist.launched(),
+                      help="data-parallel over the ranks of an MPI job (the default under mpirun)")
   args = parser.parse_args(argv)
   if args.schedule is None: args.schedule = "constant" if args.model == "bobnet" else "onecycle"
   if args.lr is None: args.lr = default_lr(args.schedule)
@@ -218,13 +233,17 @@ def train_and_test(args: argparse.Namespace) -> tuple[nn.Module, Run]:
   """Train a fresh model with the recipe the flags give, then test it; returns the model and the measurements."""
   if args.device: Device.DEFAULT = args.device
   Tensor.manual_seed(args.seed)
+  if args.distributed: dist.init()
   X_train, Y_train, X_test, Y_test, dataset = load_data(args.data)
   X_train, Y_train = X_train[:args.limit], Y_train[:args.limit]
   if args.test_sample is not None:
     rows = np.random.default_rng(args.seed).permutation(len(Y_test))[:args.test_sample]
     X_test, Y_test = X_test[rows], Y_test[rows]
-  print(f"{dataset}: training {args.model} on {len(Y_train)} images, testing on {len(Y_test)}, device {Device.DEFAULT}")
+  ranks = f" on {dist.world_size()} ranks" if dist.world_size() > 1 else ""
+  if dist.is_main():
+    print(f"{dataset}: training {args.model} on {len(Y_train)} images{ranks}, testing on {len(Y_test)}, device {Device.DEFAULT}")
   model = build_model(args)
+  if dist.world_size() > 1: model = dist.DistributedDataParallel(nn.SyncBatchNorm.convert_sync_batchnorm(model)).module
   steps_per_epoch = len(train_loader(X_train, Y_train, args.batch_size, args.seed))
   opt, scheduler = make_optimizer(model, args.model, args.lr, args.schedule, args.epochs * steps_per_epoch)
   start = time.perf_counter()
@@ -241,6 +260,7 @@ def main(argv: list[str] | None = None) -> float:
   """Train and test as the flags say, save the weights; returns the test accuracy (0..1)."""
   args = parse_args(argv)
   model, run = train_and_test(args)
+  if not dist.is_main(): return run.accuracy
   path = args.save or f"mnist_{args.model}.safetensors"
   safe_save(get_state_dict(model), path)
   print(f"weights saved to {path}")

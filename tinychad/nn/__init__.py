@@ -18,6 +18,7 @@ from tinychad.helpers import prod
 from tinychad.nn import functional as F
 from tinychad.tensor import Tensor
 from tinychad.nn.module import Module, ModuleDict, ModuleList, Parameter
+from tinychad.distributed import comm
 
 
 def train(model: Any = None, mode: bool = True) -> Any:
@@ -126,13 +127,17 @@ class _BatchNorm(Module):
     if x.shape[1] != self.num_features:
       raise ValueError(f"{type(self).__name__}: input {tuple(x.shape)} has {x.shape[1]} channels, expected {self.num_features}")
     if self.training or not self.track_running_stats:
-      axes = tuple(i for i in range(x.ndim) if i != 1)
-      mean = x.mean(axes)
-      var = (x - mean.reshape((1, -1) + (1,) * (x.ndim - 2))).square().mean(axes)
-      if self.training and self.track_running_stats: self._update_running(mean.detach(), var.detach(), x.numel() // x.shape[1])
+      mean, var, count = self._batch_stats(x, tuple(i for i in range(x.ndim) if i != 1))
+      if self.training and self.track_running_stats: self._update_running(mean.detach(), var.detach(), count)
     else:
       mean, var = self.running_mean, self.running_var
     return x.batchnorm(self.weight, self.bias, mean, (var + self.eps).rsqrt())
+
+  def _batch_stats(self, x: Tensor, axes: tuple[int, ...]) -> tuple[Tensor, Tensor, int]:
+    """Per channel: the batch mean, the biased variance, and how many values each is over."""
+    mean = x.mean(axes)
+    var = (x - mean.reshape((1, -1) + (1,) * (x.ndim - 2))).square().mean(axes)
+    return mean, var, x.numel() // x.shape[1]
 
   def _update_running(self, mean: Tensor, var: Tensor, count: int) -> None:
     self.num_batches_tracked.assign(self.num_batches_tracked + 1)
@@ -152,6 +157,34 @@ class BatchNorm1d(_BatchNorm):
 class BatchNorm2d(_BatchNorm):
   """(N, C, H, W)."""
   ndims = (4,)
+
+
+class SyncBatchNorm(_BatchNorm):
+  """BatchNorm whose batch statistics cover every rank's batch (data-parallel training, tinychad.distributed):
+  the same as one process normalising the whole batch. Two all-reduces per call, sums then squared
+  deviations, so the variance is the same two-pass one BatchNorm computes; both are differentiable, so
+  the gradient flows across ranks too. In a world of one it is a plain BatchNorm."""
+  ndims = (2, 3, 4, 5)
+
+  def _batch_stats(self, x: Tensor, axes: tuple[int, ...]) -> tuple[Tensor, Tensor, int]:
+    count = (x.numel() // x.shape[1]) * comm.world_size()
+    mean = comm.all_reduce_sum(x.sum(axes)) / count
+    deviations = (x - mean.reshape((1, -1) + (1,) * (x.ndim - 2))).square().sum(axes)
+    return mean, comm.all_reduce_sum(deviations) / count, count
+
+  @classmethod
+  def convert_sync_batchnorm(cls, module: Module) -> Module:
+    """`module` with every BatchNorm1d/2d replaced by a SyncBatchNorm holding the same tensors (PyTorch's name)."""
+    if isinstance(module, _BatchNorm) and not isinstance(module, SyncBatchNorm):
+      sync = cls.__new__(cls)
+      sync.__dict__.update(module.__dict__)
+      return sync
+    # children live in attributes, and in the list (Sequential, ModuleList) or dict (ModuleDict) a module may be
+    containers = [vars(module)] + [c for c in (module,) if isinstance(c, (list, dict))]
+    for container in containers:
+      for key, child in list(container.items() if isinstance(container, dict) else enumerate(container)):
+        if isinstance(child, Module): container[key] = cls.convert_sync_batchnorm(child)
+    return module
 
 
 def _normalized_shape(shape) -> tuple[int, ...]:
