@@ -31,7 +31,7 @@ LAYERS: list[tuple[str, ...]] = [
   ("engine/*", "viz", "export"),                                          # 6 schedule, realize, jit
   ("function",),                                                          # 7 autograd on LazyBuffers
   ("tensor", "indexing", "nn/functional"),                                # 8 the front end
-  ("nn/*", "optim", "data", "datasets", "compat", "examples/*", "__init__"),  # 9 libraries on the front end
+  ("nn/*", "optim", "data", "datasets", "compat", "examples/*", "models/*", "__init__"),  # 9 libraries on the front end
 ]
 
 # Tensor is the front end's hub: some of its methods are defined in these modules (which need Tensor),

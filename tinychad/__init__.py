@@ -22,7 +22,7 @@ knowing only what is below it. test/test_layers.py holds the same order and enfo
   9 nn/* (but functional),   libraries written with Tensor (layers, optimizers, state dicts, data sets),
     optim, data, datasets,   the runnable examples and this package's names: they use the front end,
     compat, examples/*,      nothing below them needs them
-    __init__
+    models/*, __init__
 """
 from tinychad.tensor import Tensor, no_grad
 from tinychad.dtype import dtypes, DType

@@ -380,7 +380,7 @@ class Sequential(Module, list):
 
 from tinychad.nn.layers import (AdaptiveAvgPool2d, AvgPool2d, ConvTranspose1d, Flatten, GELU, Identity, LeakyReLU,  # noqa: E402
                                 LogSoftmax, MaxPool2d, PixelShuffle, ReLU, Sigmoid, SiLU, Softmax, Tanh,
-                                Unflatten, Upsample)
+                                Unflatten, Upsample, RotaryEmbedding)
 
 
 def _activation(activation: str | Callable) -> Callable[[Tensor], Tensor]:
