@@ -240,7 +240,7 @@ class GPT(nn.Module):
     if hf:
       conv1d = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
       state = {k: (v.T if k.endswith(conv1d) else v) for k, v in state.items()
-               if not k.endswith(("attn.bias", "attn.masked_bias"))}   # GPT-2's causal-mask buffers
+               if not k.endswith((".attn.bias", ".attn.masked_bias"))}   # GPT-2's causal-mask buffers
     state.setdefault("lm_head.weight", wte)
     settings = dict(vocab_size=vocab, n_embd=width, n_layer=layers, n_head=n_head, rotary="transformer.wpe.weight" not in state,
                     block_size=state["transformer.wpe.weight"].shape[0] if "transformer.wpe.weight" in state else 1024,
