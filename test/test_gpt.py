@@ -216,7 +216,7 @@ def test_greedy_generation_matches_recomputing_everything():
 def test_decoding_under_tinyjit_builds_nothing_after_warm_up():
   model, _ = twins(LONG)
   model.setup_cache(1, LONG.block_size)
-  step = model.decoder(1, dict(temperature=0.8, top_k=5, top_p=0.9))
+  step = model.decoder(1, "sample", dict(temperature=0.8, top_k=5, top_p=0.9))
   token = Tensor([[3]])
   # positions as data (a Python number would be a constant that needs a kernel to become a buffer)
   for pos in range(3): token = step(token, Tensor(np.array(pos)))   # run, record, first replay

@@ -186,14 +186,18 @@ class GPT(nn.Module):
         block.attn._cache = (Tensor.zeros(*shape).contiguous().realize(), Tensor.zeros(*shape).contiguous().realize())
         self._decoders.clear()   # their recordings wrote the old tensors
 
-  def decoder(self, tokens: int, sample: dict | None = None) -> TinyJit:
-    """A TinyJit of one cached step: (idx (B, tokens), start) -> logits (B, tokens, vocab), or, given sampling
-    settings (sample_logits' keywords), the next token (B, 1) drawn from the last position's logits."""
-    key = (tokens, tuple(sorted(sample.items())) if sample is not None else None)
+  def decoder(self, tokens: int, head: str = "logits", settings: dict | None = None) -> TinyJit:
+    """A TinyJit of one cached step (idx (B, tokens), start) -> the logits (B, tokens, vocab) (head "logits"), their
+    probabilities(**settings) ("probs"), or the next token (B, 1) drawn from the last position by
+    sample_logits(**settings) ("sample"). One per (tokens, head, settings), kept until the cache changes size."""
+    if head not in ("logits", "probs", "sample"): raise ValueError(f"GPT.decoder: unknown head {head!r}")
+    settings = settings or {}
+    key = (tokens, head, tuple(sorted(settings.items())))
     if key not in self._decoders:
       def step(idx: Tensor, start: Tensor) -> Tensor:
         logits = self(idx, start=start)[0]
-        return logits if sample is None else sample_logits(logits[:, -1, :], **sample).unsqueeze(1)
+        if head == "probs": return probabilities(logits, **settings)
+        return logits if head == "logits" else sample_logits(logits[:, -1, :], **settings).unsqueeze(1)
       self._decoders[key] = TinyJit(step)
     return self._decoders[key]
 
@@ -212,7 +216,8 @@ class GPT(nn.Module):
     settings = sampling_settings(temperature, top_k, top_p, greedy, self.config.vocab_size)
     with no_grad():
       self.setup_cache(B, T + max_new_tokens)
-      step = self.decoder(1, settings) if jit else self.decoder(1, settings).fn
+      step = self.decoder(1, "sample", settings)
+      if not jit: step = step.fn
       # the prompt fills the cache in one pass (its own, un-jitted kernels), and its last logits give token 1
       token = sample_logits(self(idx, start=_position(0))[0][:, -1, :], **settings).unsqueeze(1).realize()
       out = [token.numpy()]
@@ -332,7 +337,10 @@ def speculative_generate(target: GPT, draft: GPT, idx: Tensor, max_new_tokens: i
     raise ValueError(f"speculative_generate: {T} + {max_new_tokens} + speculate_k {speculate_k} positions exceed block_size")
   with no_grad():
     for model in (target, draft): model.setup_cache(1, room)
-    draft_step, verify = draft.decoder(1), target.decoder(speculate_k + 1)
+    # greedy decisions read the logits' argmax; sampled ones the probabilities, computed inside the replayed step
+    head = "logits" if settings.get("greedy") else "probs"
+    draft_step = draft.decoder(1, head, {} if head == "logits" else settings)
+    verify = target.decoder(speculate_k + 1, head, {} if head == "logits" else settings)
     # invariant: both caches hold seq[:-1]; seq[-1] is the next token to feed
     if T > 1:
       for model in (target, draft): model(Tensor([seq[:-1]]), start=_position(0))[0].realize()
@@ -341,7 +349,7 @@ def speculative_generate(target: GPT, draft: GPT, idx: Tensor, max_new_tokens: i
       n, guesses, q = len(seq), [], []
       token = seq[-1]
       for i in range(speculate_k):
-        probs = _host_probs(draft_step(Tensor([[token]]), _position(n - 1 + i))[:, -1, :], settings)[0]
+        probs = _host_probs(draft_step(Tensor([[token]]), _position(n - 1 + i))[0], settings)[-1]
         token = _draw(probs, rng, settings)
         guesses.append(token)
         q.append(probs)
@@ -365,12 +373,11 @@ def speculative_generate(target: GPT, draft: GPT, idx: Tensor, max_new_tokens: i
   return Tensor([seq], dtype=dtypes.int64, device=idx.device), SpeculativeStats(proposed, accepted, calls)
 
 
-def _host_probs(logits: Tensor, settings: dict) -> np.ndarray:
-  """(positions, vocab) logits -> float64 probabilities on the host (one-hot argmax when greedy)."""
-  if settings.get("greedy"):
-    picks = logits.argmax(-1).numpy()
-    return np.eye(logits.shape[-1])[picks]
-  return probabilities(logits, **settings).numpy().astype(np.float64)
+def _host_probs(out: Tensor, settings: dict) -> np.ndarray:
+  """A decoder's (positions, vocab) output -> float64 probabilities on the host: one-hot at the argmax when
+  greedy (the decoder gave logits), else the decoder's probabilities."""
+  values = out.numpy().astype(np.float64)
+  return np.eye(values.shape[-1])[values.argmax(-1)] if settings.get("greedy") else values
 
 
 def _draw(probs: np.ndarray, rng: np.random.Generator, settings: dict) -> int:
