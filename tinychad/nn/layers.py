@@ -1,8 +1,8 @@
 """Layers with PyTorch's names for what the Tensor methods and nn.functional already compute.
 
-in: Tensors  ->  out: Tensors. Activations, pooling, reshaping, upsampling, a 1-d transposed convolution and the
-transformer encoder, rotary position embedding; argument and attribute names as PyTorch's, so a PyTorch model's file ports by its imports and
-its state_dict loads as is.
+in: Tensors  ->  out: Tensors. Activations, pooling, reshaping, upsampling, a 1-d transposed convolution, the
+transformer encoder and rotary position embedding; argument and attribute names as PyTorch's, so a PyTorch model's
+file ports by its imports and its state_dict loads as is.
 """
 from __future__ import annotations
 import math
