@@ -6,7 +6,6 @@ and give the twin's logits; the KV cache gives the full forward's logits; decodi
 schedules nothing after warm-up; rotary positions match the reference formula; speculative decoding is exact.
 """
 from __future__ import annotations
-import math
 import numpy as np
 import pytest
 import torch

@@ -67,7 +67,8 @@ def test_generation_carries_the_state():
 def test_the_generation_step_replays_without_scheduling():
   model, _ = twins()
   step = model._step(dict(temperature=1.0, top_k=None, top_p=None))
-  token, h, c = Tensor(np.array([[3]])), Tensor.zeros(LAYERS, 1, HIDDEN).contiguous().realize(), Tensor.zeros(LAYERS, 1, HIDDEN).contiguous().realize()
+  token = Tensor(np.array([[3]]))
+  h, c = (Tensor.zeros(LAYERS, 1, HIDDEN).contiguous().realize() for _ in range(2))
   for _ in range(3): token, h, c = step(token, h, c)
   GlobalCounters.reset()
   for _ in range(20): token, h, c = step(token, h, c)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 import re
 import numpy as np
-from tinychad import Tensor
 from tinychad.examples import gpt as gpt_example
 from tinychad.examples import lstm as lstm_example
 from tinychad.examples import speculative as speculative_example

@@ -208,7 +208,8 @@ class GPT(nn.Module):
     """idx (B, T) -> (B, T + max_new_tokens): each new token drawn from softmax(logits / temperature) over the
     top_k most likely tokens and the smallest set whose probability reaches top_p (Tensor.multinomial), or the
     argmax when greedy (or temperature 0). The prompt fills the KV cache in one pass; each further token is
-    one TinyJit replay (jit=False: the same step built eagerly each time). With a draft_model (batch 1, same vocabulary): speculative decoding, see speculative_generate."""
+    one TinyJit replay (jit=False: the same step built eagerly each time). With a draft_model (batch 1, same
+    vocabulary): speculative decoding, see speculative_generate."""
     if draft_model is not None:
       return speculative_generate(self, draft_model, idx, max_new_tokens, temperature, top_k, top_p, greedy, speculate_k)[0]
     B, T = _check_prompt(self, idx, max_new_tokens)
@@ -326,7 +327,8 @@ def speculative_generate(target: GPT, draft: GPT, idx: Tensor, max_new_tokens: i
   B, T = _check_prompt(target, idx, max_new_tokens)
   if B != 1: raise ValueError(f"speculative_generate: one sequence at a time, got a batch of {B}")
   if draft.config.vocab_size != target.config.vocab_size:
-    raise ValueError(f"speculative_generate: vocabularies differ (target {target.config.vocab_size}, draft {draft.config.vocab_size})")
+    raise ValueError(f"speculative_generate: vocabularies differ (target {target.config.vocab_size}, "
+                     f"draft {draft.config.vocab_size})")
   if speculate_k < 1: raise ValueError(f"speculative_generate: speculate_k must be >= 1, got {speculate_k}")
   settings = sampling_settings(temperature, top_k, top_p, greedy, target.config.vocab_size)
   seq = [int(t) for t in idx.numpy()[0]]

@@ -34,7 +34,8 @@ class LSTMLanguageModel(nn.Module):
               state: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor | None, tuple[Tensor, Tensor]]:
     """idx (B, T) -> (logits (B, T, vocab), mean cross-entropy against targets or None, final (h, c) each
     (num_layers, B, hidden)); `state` continues from a previous call's (h, c) (truncated backpropagation)."""
-    if idx.ndim != 2 or idx.dtype.is_float: raise TypeError(f"LSTMLanguageModel: idx must be (B, T) integers, got {idx.shape} {idx.dtype}")
+    if idx.ndim != 2 or idx.dtype.is_float:
+      raise TypeError(f"LSTMLanguageModel: idx must be (B, T) integers, got {idx.shape} {idx.dtype}")
     out, state = self.lstm(self.embedding(idx), state)
     logits = self.head(self.drop(out))
     if targets is None: return logits, None, state
