@@ -40,7 +40,9 @@ class CharData:
   @property
   def vocab_size(self) -> int: return len(self.chars)
 
-  def encode(self, text: str) -> list[int]: return [self.index[c] for c in text if c in self.index]
+  def encode(self, text: str) -> list[int]:
+    """Ids of text's characters; characters the training text never had are left out (a prompt may have them)."""
+    return [self.index[c] for c in text if c in self.index]
   def decode(self, ids) -> str: return "".join(self.chars[int(i)] for i in ids)
 
   def batch(self, split: str, batch_size: int, block_size: int, rng: np.random.Generator) -> tuple[Tensor, Tensor]:
