@@ -46,6 +46,7 @@ def test_topk_values_indices_and_gradient(k, dim, largest):
 def test_sorting_errors_name_the_op():
   with pytest.raises(ValueError, match="topk: k=5 is out of range for dim 1 of size 4"): Tensor.ones(2, 4).topk(5)
   with pytest.raises(IndexError): Tensor.ones(2, 4).sort(2)
+  with pytest.raises(ValueError, match="sort: dim 0 has 9000 elements"): Tensor.ones(9000).sort()
 
 
 def test_multinomial_with_replacement_follows_the_weights():

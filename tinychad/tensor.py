@@ -34,6 +34,7 @@ from tinychad.view import read_view
 
 Scalar = int | float | bool
 CUMSUM_BLOCK = 32   # a cumsum row longer than this is summed in blocks (Tensor._running_sum)
+SORT_MAX = 8192     # sort/topk rank by n*n comparisons per row (and an n*n tie-break mask): refused beyond this
 
 
 def _shape_str(shape) -> str: return str(tuple(int(s) for s in shape))
@@ -1143,6 +1144,9 @@ class Tensor:
     if k is None: k = n
     if not isinstance(k, int) or not 0 <= k <= n:
       raise ValueError(f"{op}: k={k} is out of range for dim {dim} of size {n} (shape {_shape_str(self.shape)})")
+    if n > SORT_MAX:
+      raise ValueError(f"{op}: dim {dim} has {n} elements (shape {_shape_str(self.shape)}); ranking by comparisons "
+                       f"handles up to {SORT_MAX}")
     # place of element i: how many elements precede it (greater, or equal and earlier); places are distinct
     mine, others = x.unsqueeze(-1), x.unsqueeze(-2)
     ahead = others > mine if descending else others < mine
