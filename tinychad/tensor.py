@@ -34,6 +34,7 @@ from tinychad.view import read_view
 
 Scalar = int | float | bool
 CUMSUM_BLOCK = 32   # a cumsum row longer than this is summed in blocks (Tensor._running_sum)
+SORT_MAX = 8192     # sort/topk rank by n*n comparisons per row (and an n*n tie-break mask): refused beyond this
 
 
 def _shape_str(shape) -> str: return str(tuple(int(s) for s in shape))
@@ -1604,6 +1605,71 @@ class Tensor:
     x = self
     for layer in layers: x = layer(x)
     return x
+
+  # ---- ordering and sampling: topk, sort, argsort, multinomial ----
+  def sort(self, dim: int = -1, descending: bool = False, stable: bool = True) -> ValuesIndices:
+    """(values, indices) along dim, as torch.sort; always stable (ties keep their order). Values take gradients
+    (a gather at the indices). Each element's place is a count of the elements before it, n*n comparisons per
+    row fused into one reduce: meant for rows of up to a few thousand (vocabularies, top-k), not long arrays."""
+    return self._ordered(dim, descending, None, "sort")
+
+  def argsort(self, dim: int = -1, descending: bool = False, stable: bool = True) -> Tensor:
+    return self._ordered(dim, descending, None, "argsort").indices
+
+  def topk(self, k: int, dim: int = -1, largest: bool = True, sorted: bool = True) -> ValuesIndices:
+    """The k largest (or smallest) along dim, as torch.topk, in order; ties go to the earlier index."""
+    return self._ordered(dim, largest, k, "topk")
+
+  def _ordered(self, dim: int, descending: bool, k: int | None, op: str) -> ValuesIndices:
+    if self.ndim == 0:
+      if k not in (None, 0, 1): raise ValueError(f"{op}: k={k} is out of range for a 0-d tensor")
+      return ValuesIndices(self, Tensor.zeros((), dtype=dtypes.int64, device=self.device))
+    dim = self._axis(dim, op)
+    x = self.transpose(dim, -1)
+    n = x.shape[-1]
+    if k is None: k = n
+    if not isinstance(k, int) or not 0 <= k <= n:
+      raise ValueError(f"{op}: k={k} is out of range for dim {dim} of size {n} (shape {_shape_str(self.shape)})")
+    if n > SORT_MAX:
+      raise ValueError(f"{op}: dim {dim} has {n} elements (shape {_shape_str(self.shape)}); ranking by comparisons "
+                       f"handles up to {SORT_MAX}")
+    # place of element i: how many elements precede it (greater, or equal and earlier); places are distinct
+    mine, others = x.unsqueeze(-1), x.unsqueeze(-2)
+    ahead = others > mine if descending else others < mine
+    positions = Tensor.arange(n, device=self.device, dtype=dtypes.int64)
+    earlier = positions.unsqueeze(1) > positions.unsqueeze(0)   # [i, j]: j comes before i
+    places = (ahead | ((others == mine) & earlier)).sum(-1).detach()
+    # the index at place r (r < k): the one element whose place is r
+    at = places.unsqueeze(-2) == Tensor.arange(k, device=self.device, dtype=dtypes.int64).unsqueeze(-1)
+    indices = at.where(positions, 0).sum(-1).cast(dtypes.int64)
+    return ValuesIndices(x.gather(-1, indices).transpose(dim, -1), indices.transpose(dim, -1))
+
+  def multinomial(self, num_samples: int = 1, replacement: bool = False) -> Tensor:
+    """Category indices drawn from each row of non-negative weights ((n,) or (rows, n)), as torch.multinomial.
+    With replacement, a draw u in [0, row total) picks the first category whose running sum exceeds u; without,
+    the Gumbel-top-k trick (the num_samples largest log(w) + Gumbel noise) draws categories one after another in
+    proportion to the weights left, exactly. Numbers come from Tensor.manual_seed's generator; TinyJit redraws
+    them on replay. Weights aren't read back to check their signs (that would force a realize)."""
+    if self.ndim not in (1, 2): raise ValueError(f"multinomial: weights must be 1-d or 2-d, got shape {_shape_str(self.shape)}")
+    if not self.dtype.is_float: raise TypeError(f"multinomial: weights must be floats, got {self.dtype}")
+    n = self.shape[-1]
+    if not isinstance(num_samples, int) or num_samples < 1 or n == 0 or (not replacement and num_samples > n):
+      raise ValueError(f"multinomial: cannot draw {num_samples} samples from {n} categories "
+                       f"{'with' if replacement else 'without'} replacement (shape {_shape_str(self.shape)})")
+    w = (self if self.ndim == 2 else self.unsqueeze(0)).detach()
+    rows = w.shape[0]
+    if replacement:
+      cdf = w.cumsum(-1)
+      total = cdf[:, -1:]
+      u = (Tensor.rand(rows, num_samples, device=self.device) * total).unsqueeze(-1)
+      # categories whose running sum is the total (the last non-zero one and the zeros after it) are never
+      # counted, so a u that rounds up to the total still picks a category of non-zero weight
+      below = (cdf.unsqueeze(1) <= u) & (cdf.unsqueeze(1) < total.unsqueeze(1))
+      picks = below.sum(-1).cast(dtypes.int64)
+    else:
+      gumbel = -(-Tensor.rand(rows, n, device=self.device).maximum(1e-20).log()).log()
+      picks = (w.log() + gumbel).topk(num_samples).indices
+    return picks if self.ndim == 2 else picks.squeeze(0)
 
 
 # Tensor.erf's two ranges and their fits

@@ -332,7 +332,7 @@ class Sequential(Module, list):
 from tinychad.nn.lstm import LSTM, LSTMCell  # noqa: E402,F401 -- nn.LSTM, nn.LSTMCell
 from tinychad.nn.layers import (AdaptiveAvgPool2d, AvgPool2d, ConvTranspose1d, Flatten, GELU, Identity, LeakyReLU,  # noqa: E402
                                 LogSoftmax, MaxPool2d, PixelShuffle, ReLU, Sigmoid, SiLU, Softmax, Tanh,
-                                Unflatten, Upsample)
+                                Unflatten, Upsample, RotaryEmbedding)
 from tinychad.nn.layers import (AvgPool1d, ELU, GLU, Hardswish, LogSigmoid, MaxPool1d, Mish, ReLU6, Softplus,  # noqa: E402
                                 Softsign, Unfold)
 

@@ -714,3 +714,15 @@ def batch_norm(x: Tensor, running_mean: Tensor | None, running_var: Tensor | Non
     if running_mean is None or running_var is None: raise ValueError("batch_norm: training=False needs running_mean and running_var")
     mean, var = running_mean, running_var
   return x.batchnorm(weight, bias, mean, (var + eps).rsqrt())
+
+
+def apply_rotary_emb(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+  """Rotary position embedding (RoPE) in the half-split layout of GPT-NeoX and Hugging Face's Llama: the last axis
+  (size D) is two halves (x1, x2) rotated pairwise, x1*cos - x2*sin and x2*cos + x1*sin. cos and sin (..., T, D/2)
+  broadcast against x (..., T, D): one angle per position and pair (nn.RotaryEmbedding makes them)."""
+  half = x.shape[-1] // 2
+  if x.shape[-1] % 2 or cos.shape[-1] != half or sin.shape != cos.shape:
+    raise ValueError(f"apply_rotary_emb: x {_shape_str(x.shape)} needs an even last axis and cos, sin (..., {half}); "
+                     f"got cos {_shape_str(cos.shape)}, sin {_shape_str(sin.shape)}")
+  x1, x2 = x[..., :half], x[..., half:]
+  return (x1 * cos - x2 * sin).cat(x2 * cos + x1 * sin, dim=-1)

@@ -1,11 +1,12 @@
 """Layers with PyTorch's names for what the Tensor methods and nn.functional already compute.
 
-in: Tensors  ->  out: Tensors. Activations, pooling, reshaping, upsampling, a 1-d transposed convolution and the
-transformer encoder; argument and attribute names as PyTorch's, so a PyTorch model's file ports by its imports and
-its state_dict loads as is.
+in: Tensors  ->  out: Tensors. Activations, pooling, reshaping, upsampling, a 1-d transposed convolution, the
+transformer encoder and rotary position embedding; argument and attribute names as PyTorch's, so a PyTorch model's
+file ports by its imports and its state_dict loads as is.
 """
 from __future__ import annotations
 import math
+import numpy as np
 from tinychad.helpers import prod
 from tinychad.nn import functional as F
 from tinychad.nn.module import Module, Parameter
@@ -175,3 +176,25 @@ class ConvTranspose1d(Module):
 
 
 # ---- transformer ----
+
+
+# ---- positions ----
+class RotaryEmbedding(Module):
+  """Rotary position embedding: angles pos * base^(-2i/dim) for positions < max_seq_len, kept as cos/sin tables
+  (non-persistent buffers: not in the state dict). forward(x (..., T, dim), positions=None) rotates x as at
+  positions 0..T-1, or at `positions` (an int Tensor of T entries, say a KV cache's write position onwards)."""
+  def __init__(self, dim: int, max_seq_len: int = 2048, base: float = 10000.0):
+    if dim % 2: raise ValueError(f"RotaryEmbedding: dim must be even, got {dim}")
+    self.dim, self.max_seq_len, self.base = dim, max_seq_len, base
+    angles = np.outer(np.arange(max_seq_len), base ** (-np.arange(0, dim, 2) / dim)).astype(np.float32)
+    self.register_buffer("cos", Tensor(np.cos(angles), requires_grad=False), persistent=False)
+    self.register_buffer("sin", Tensor(np.sin(angles), requires_grad=False), persistent=False)
+
+  def forward(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
+    length = x.shape[-2]
+    if positions is None:
+      if length > self.max_seq_len: raise ValueError(f"RotaryEmbedding: {length} positions, max_seq_len is {self.max_seq_len}")
+      cos, sin = self.cos[:length], self.sin[:length]
+    else:
+      cos, sin = self.cos[positions], self.sin[positions]
+    return F.apply_rotary_emb(x, cos, sin)
