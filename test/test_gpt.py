@@ -290,3 +290,25 @@ def test_sampled_speculative_decoding_follows_the_target_distribution():
   assert 0 < accepted < proposed
   expected = 600 * joint.flatten() / joint.sum()
   assert stats.chisquare(counts.flatten(), expected).pvalue > 1e-3, (counts, expected)
+
+
+def test_top_k_and_top_p_on_a_gpt2_sized_vocabulary():
+  """The thresholds come from a bisection, not a sort, so GPT-2's 50,257 tokens work; checked against PyTorch's
+  sort-based filtering. At the nucleus' edge, float32 sums of ~40,000 probabilities in another order may keep a
+  few tokens more or less (of the least likely kept ones)."""
+  rng = np.random.default_rng(0)
+  x = rng.standard_normal((2, 50257)).astype(np.float32) * 3
+  t = torch.tensor(x)
+  for k in (1, 50):
+    kth = torch.topk(t, k).values[..., -1:]
+    expected = torch.softmax(t.masked_fill(t < kth, -float("inf")), -1).numpy()
+    np.testing.assert_allclose(probabilities(Tensor(x), top_k=k).numpy(), expected, atol=1e-7)
+  p = torch.softmax(t, -1)
+  ranked, order = p.sort(-1, descending=True)
+  keep = torch.zeros_like(p).scatter(-1, order, ((ranked.cumsum(-1) - ranked) < 0.9).float()).bool().numpy()
+  got = probabilities(Tensor(x), top_p=0.9).numpy()
+  assert np.abs((got > 0).sum(-1) - keep.sum(-1)).max() <= 5, ((got > 0).sum(-1), keep.sum(-1))
+  for row in range(2):     # the kept tokens keep their odds: one renormalisation factor per row
+    both = (got[row] > 0) & keep[row]
+    scale = got[row][both] / p.numpy()[row][both]
+    np.testing.assert_allclose(scale, scale.mean(), rtol=1e-4)

@@ -20,7 +20,7 @@ attending over the filled ones, which is the price of fixed shapes.
 from __future__ import annotations
 import math
 from dataclasses import dataclass, fields, replace
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 import numpy as np
 from tinychad import nn
 from tinychad.dtype import dtypes
@@ -270,18 +270,35 @@ def sampling_settings(temperature: float, top_k: int | None, top_p: float | None
 
 def probabilities(logits: Tensor, temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None) -> Tensor:
   """softmax(logits / temperature) (..., vocab) over the top_k largest logits and then the smallest set of most
-  likely tokens whose probability reaches top_p (nucleus), renormalised; ties at the k-th logit are all kept."""
+  likely tokens whose probability reaches top_p (nucleus), renormalised; ties at either threshold are all kept.
+  Both thresholds come from a bisection, not a sort, so a 50,257-token vocabulary costs 32 passes over it."""
   logits = logits / temperature
   if top_k is not None and top_k < logits.shape[-1]:
-    kth = logits.topk(top_k).values[..., -1:]
-    logits = (logits < kth).where(-math.inf, logits)
+    keep = largest_threshold(logits, lambda chosen: chosen.sum(-1, keepdim=True) >= top_k)
+    logits = keep.where(logits, -math.inf)
   probs = logits.softmax(-1)
   if top_p is None or top_p >= 1: return probs
-  ranked, order = probs.sort(-1, descending=True)
-  # a token stays if the tokens more likely than it hold less than top_p (so the most likely always stays)
-  keep = (ranked.cumsum(-1) - ranked) < top_p
-  kept = keep.where(ranked, 0.0).gather(-1, order.argsort(-1))   # back to vocabulary order
+  # the most likely tokens, down to the first whose probability brings the total to top_p
+  keep = largest_threshold(probs, lambda chosen: chosen.where(probs, 0.0).sum(-1, keepdim=True) >= top_p)
+  kept = keep.where(probs, 0.0)
   return kept / kept.sum(-1, keepdim=True)
+
+
+def largest_threshold(values: Tensor, enough: Callable[[Tensor], Tensor]) -> Tensor:
+  """The mask values >= t, for the largest t of each row (last axis) where enough(mask) still holds (enough must
+  only weaken as t grows, and hold for the whole row). A bisection over the float32 values' order-preserving
+  integer keys: 32 steps find t exactly, each one comparison and one reduction per row, lazy (TinyJit replays
+  it), where a sort would rank n * n pairs."""
+  bits = values.cast(dtypes.float32).bitcast(dtypes.int32).cast(dtypes.int64)
+  # negative floats order backwards as integers: flipping their magnitude bits makes the order the floats'
+  keys = (bits < 0).where(bits ^ 0x7FFFFFFF, bits)
+  low = Tensor.full(values.shape[:-1] + (1,), -2**31, dtype=dtypes.int64, device=values.device)   # enough holds
+  high = Tensor.full(values.shape[:-1] + (1,), 2**31, dtype=dtypes.int64, device=values.device)   # it doesn't
+  for _ in range(32):
+    middle = low + (high - low) // 2
+    holds = enough(keys >= middle)
+    low, high = holds.where(middle, low), holds.where(high, middle)
+  return keys >= low
 
 
 def sample_logits(logits: Tensor, temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
