@@ -13,7 +13,8 @@ change). The tinychad worker first loads the torch twin's weights (state dicts, 
 that one output agrees, then times. A worker process per variant (tinychad eager, tinychad TinyJit,
 torch, tinygrad): the tinychad eager worker starts with an empty kernel cache, so its first call is the
 compile time; the TinyJit worker runs after it, over that cache. Each workload: the first call, one
-warm-up call (TinyJit records on its second call), then the median of 3 timed calls (1 for generation).
+two warm-up calls (TinyJit records on its second or third call), then the median of 3 timed calls (1 for
+generation).
 --parallel runs the four workers at once (for a busy machine); --quick: small models and
 2 timed calls (its smoke test: test/test_bench_models.py). tinygrad runs the tiny-ops row only: the
 models use nn layers tinygrad 0.14 lacks (Module, LSTM, TransformerEncoderLayer), each row says which.
@@ -344,10 +345,12 @@ def check_against_torch(workload: Workload, run: Run, quick: bool) -> float:
   return float(np.abs(ours - theirs).max())
 
 
-def run_variant(variant: str, quick: bool, names: list[str] | None = None) -> list[dict]:
-  """Every workload (or those named) in this process for `variant`; one report dict each."""
+def run_variant(variant: str, quick: bool, names: list[str] | None = None, cpu_time: bool = False) -> list[dict]:
+  """Every workload (or those named) in this process for `variant`; one report dict each. With `cpu_time`,
+  the seconds timed are this process's CPU time (one thread: see main's --cpu-time)."""
   lib_name = variant.split()[0]
-  limit_threads(lib_name, THREADS)
+  limit_threads(lib_name, 1 if cpu_time else THREADS)
+  clock = time.process_time if cpu_time else time.perf_counter
   lib = library(lib_name) if lib_name != "tinygrad" else SimpleNamespace(name="tinygrad")
   reports = []
   for workload in workloads(quick):
@@ -369,12 +372,14 @@ def run_variant(variant: str, quick: bool, names: list[str] | None = None) -> li
       start = time.perf_counter()
       run.call()
       report["first_s"] = time.perf_counter() - start
-      run.call()     # warm-up (TinyJit records on its second call and replays from the third)
+      # warm-up: TinyJit records on its second call, or its third where the first call makes optimizer state
+      run.call()
+      run.call()
       times = []
       for _ in range(2 if quick else workload.repeats):
-        start = time.perf_counter()
+        start = clock()
         run.call()
-        times.append(time.perf_counter() - start)
+        times.append(clock() - start)
       report["median_s"] = statistics.median(times)
     except Exception as e:  # one failing workload must not take down the others
       report["error"] = describe(e)
@@ -383,17 +388,19 @@ def run_variant(variant: str, quick: bool, names: list[str] | None = None) -> li
 
 # ---- parent: a worker per variant, then the table ----
 
-def start_worker(variant: str, quick: bool, cache_dir: str) -> subprocess.Popen | dict[str, dict]:
+def start_worker(variant: str, quick: bool, cache_dir: str, flags: list[str]) -> subprocess.Popen | dict[str, dict]:
   """The worker process of one variant, started; or, when its library can't run here, every row's reason."""
   lib_name = variant.split()[0]
   reason = unavailable_reason(lib_name)
   if reason: return {w.name: {"error": reason} for w in workloads(quick)}
-  cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", variant] + (["--quick"] if quick else [])
-  return subprocess.Popen(cmd, env=worker_env(lib_name, THREADS, cache_dir), cwd=REPO_ROOT, stdout=subprocess.PIPE,
+  cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", variant] + (["--quick"] if quick else []) + flags
+  threads = 1 if "--cpu-time" in flags else THREADS
+  return subprocess.Popen(cmd, env=worker_env(lib_name, threads, cache_dir), cwd=REPO_ROOT, stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE, text=True)
 
 
-def collect(variant: str, proc: subprocess.Popen | dict[str, dict], quick: bool, started: float) -> dict[str, dict]:
+def collect(variant: str, proc: subprocess.Popen | dict[str, dict], quick: bool, started: float,
+            names: list[str] | None) -> dict[str, dict]:
   """The worker's reports by workload name (a row it never reported: why, from its stderr)."""
   if isinstance(proc, dict): return proc
   try:
@@ -409,11 +416,12 @@ def collect(variant: str, proc: subprocess.Popen | dict[str, dict], quick: bool,
     if line.startswith("BENCH "):
       report = json.loads(line[len("BENCH "):])
       reports[report["case"]] = report
-  for w in workloads(quick): reports.setdefault(w.name, {"error": f"worker died: {failure[:160]}"})
+  for w in workloads(quick):
+    if names is None or w.name in names: reports.setdefault(w.name, {"error": f"worker died: {failure[:160]}"})
   return reports
 
 
-def run_all(quick: bool, parallel: bool) -> dict[str, dict[str, dict]]:
+def run_all(quick: bool, parallel: bool, flags: list[str], names: list[str] | None) -> dict[str, dict[str, dict]]:
   """Every variant's reports. The tinychad eager worker runs over an empty kernel cache (its first calls
   compile), then the TinyJit worker over the cache it filled. With `parallel` (a shared machine where one
   at a time would not finish) all four run at once, TinyJit over an empty cache of its own."""
@@ -422,15 +430,15 @@ def run_all(quick: bool, parallel: bool) -> dict[str, dict[str, dict]]:
   try:
     groups = [list(VARIANTS)] if parallel else [[v] for v in VARIANTS]
     for group in groups:
-      started = {variant: (start_worker(variant, quick, caches[parallel and variant == "tinychad TinyJit"]), time.perf_counter())
-                 for variant in group}
-      for variant, (proc, t0) in started.items(): results[variant] = collect(variant, proc, quick, t0)
+      started = {variant: (start_worker(variant, quick, caches[parallel and variant == "tinychad TinyJit"], flags),
+                           time.perf_counter()) for variant in group}
+      for variant, (proc, t0) in started.items(): results[variant] = collect(variant, proc, quick, t0, names)
   finally:
     for cache in caches: shutil.rmtree(cache, ignore_errors=True)
   return results
 
 
-def format_table(quick: bool, results: dict[str, dict[str, dict]]) -> str:
+def format_table(quick: bool, results: dict[str, dict[str, dict]], names: list[str] | None = None) -> str:
   footnotes: list[str] = []
 
   def cell(workload: Workload, report: dict) -> str:
@@ -448,6 +456,7 @@ def format_table(quick: bool, results: dict[str, dict[str, dict]]) -> str:
             "tinychad best / tinygrad"]
   lines = ["| " + " | ".join(header) + " |", "|---|---|" + "---:|" * (len(header) - 2)]
   for workload in workloads(quick):
+    if names is not None and workload.name not in names: continue
     reports = {variant: results[variant][workload.name] for variant in VARIANTS}
     eager, jit, torch_, tinygrad = (reports[v] for v in VARIANTS)
     first = eager.get("first_s")
@@ -468,16 +477,22 @@ def main(argv: list[str] | None = None) -> None:
   parser.add_argument("--quick", action="store_true", help="small models, 2 timed calls (a smoke test)")
   parser.add_argument("--parallel", action="store_true",
                       help="every variant at once (a busy machine: faster, but the timings then overlap)")
+  parser.add_argument("--cpu-time", action="store_true",
+                      help="1 thread per library, timed in CPU seconds of the worker (process_time): barely moved by a busy machine")
+  parser.add_argument("--only", nargs="*", metavar="WORD", help="the workloads whose names contain one of these words")
   parser.add_argument("--worker", choices=VARIANTS, help=argparse.SUPPRESS)
   args = parser.parse_args(argv)
+  names = None if args.only is None else [w.name for w in workloads(args.quick) if any(word in w.name for word in args.only)]
   if args.worker:
-    for report in run_variant(args.worker, args.quick): print("BENCH " + json.dumps(report), flush=True)
+    for report in run_variant(args.worker, args.quick, names, args.cpu_time): print("BENCH " + json.dumps(report), flush=True)
     return
   start = time.perf_counter()
-  results = run_all(args.quick, args.parallel)
-  print(format_table(args.quick, results))
-  print(f"\nms: lower is better; tok/s: higher is better. Ratios are times (> 1x: tinychad is slower). {THREADS} threads"
-        f" for every library; medians of {'2' if args.quick else '3 (generation: 1)'} calls after one warm-up, all in this run"
+  flags = (["--cpu-time"] if args.cpu_time else []) + (["--only", *args.only] if args.only is not None else [])
+  results = run_all(args.quick, args.parallel, flags, names)
+  print(format_table(args.quick, results, names))
+  clock = "CPU time of the worker process (1 thread each)" if args.cpu_time else f"wall time, {THREADS} threads for every library"
+  print(f"\nms: lower is better; tok/s: higher is better. Ratios are times (> 1x: tinychad is slower). {clock};"
+        f" medians of {'2' if args.quick else '3 (generation: 1)'} calls after two warm-ups, all in this run"
         f" ({time.perf_counter() - start:.0f} s{', --quick: small models' if args.quick else ''}"
         f"{'; --parallel: the four workers ran at once' if args.parallel else ''}).")
 

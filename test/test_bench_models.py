@@ -6,6 +6,8 @@ import pytest
 from bench import models
 
 pytest.importorskip("torch")
+# torch's TransformerEncoder notes that norm_first layers take its plain path (bench/models.py silences it too)
+pytestmark = pytest.mark.filterwarnings("ignore:enable_nested_tensor is True")
 
 
 def rows(*prefixes: str) -> list[str]:

@@ -81,6 +81,7 @@ def test_bad_inputs_raise_clear_errors():
     lstm(Tensor.zeros(5, 2, 4), (Tensor.zeros(1, 2, 3), Tensor.zeros(2, 2, 3)))
   with pytest.raises(TypeError, match="LSTM: the state must be a tuple"): lstm(Tensor.zeros(5, 2, 4), Tensor.zeros(2, 2, 3))
   with pytest.raises(TypeError, match="floating point"): lstm(Tensor.zeros(5, 2, 4).cast("int32"))
+  with pytest.raises(ValueError, match="no time step"): lstm(Tensor.zeros(0, 2, 4))
   with pytest.raises(ValueError, match="hidden_size must be a positive int"): nn.LSTM(4, 0)
   with pytest.raises(ValueError, match="dropout must be in"): nn.LSTM(4, 3, dropout=2.0)
   with pytest.raises(ValueError, match=r"LSTMCell: input of shape \(2, 5\)"): nn.LSTMCell(4, 3)(Tensor.zeros(2, 5))

@@ -138,10 +138,10 @@ class LSTMRecurrence(Function):
       s = _add(a, _sub(m, one)).e(BinaryOps.DIV, m)
       dgc = _where(slot[4], dc, _mul(dact, _mul(derivative_scale, _mul(s, _sub(one, s)))))
       dgates.append(dgc.shrink(((0, n), (0, 4), (0, hidden))).reshape((n, 4 * hidden)))
-    assert dgc is not None
     dgates.reverse()
     dxproj = cat([d.reshape((1, n, 4 * hidden)) for d in dgates], 0)
     grad_h0 = grad_c0 = grad_w = None
+    assert dgc is not None   # LSTM.forward refuses a sequence of no steps
     if self.needs_input_grad[1]:
       grad_h0 = _add(dstate[0].shrink(((0, n), (1, 2), (0, hidden))).reshape((n, hidden)), _matmul_t(dgates[0], w_hh_t))
     if self.needs_input_grad[2]:
@@ -240,6 +240,7 @@ class LSTM(Module):
     if unbatched: x = x.unsqueeze(1)
     elif self.batch_first: x = x.transpose(0, 1)
     steps, batch = x.shape[0], x.shape[1]
+    if steps == 0 or batch == 0: raise ValueError(f"LSTM: input of shape {tuple(x.shape)} has no time step or no sequence")
     directions = 2 if self.bidirectional else 1
     shape = (self.num_layers * directions, batch, self.hidden_size)
     if hx is None: h0 = c0 = Tensor.zeros(*shape, dtype=x.dtype, requires_grad=False)
