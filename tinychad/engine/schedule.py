@@ -187,6 +187,8 @@ class _Scheduler:
     self.items: list[ScheduleItem] = []
     self.scheduled: set[LazyBuffer] = set()
     self.forced: set[LazyBuffer] = set()     # bases a kernel loads although the rules inline them
+    self.inlined: set[LazyBuffer] = set()    # bases some kernel built so far computes inline
+    self.forced_late = False                 # a base was forced after a kernel had inlined it
     self.packed: dict[tuple[LazyBuffer, ShapeTracker], LazyBuffer] = {}   # (operand, its view) -> its panels
     # every base to compute, sources before the bases that read them
     self.order = toposort([o.base for o in outs if o.base.realized is None], _sources_to_compute)
@@ -282,7 +284,17 @@ class _Scheduler:
   def schedule(self) -> None:
     """A kernel for every base that must be realized, sources first: when a kernel is built, the
     kernels it loads from are scheduled already, so building never recurses from one kernel into
-    the next (only into a base a build decides to load, which has nothing left to wait for)."""
+    the next (only into a base a build decides to load, which has nothing left to wait for).
+    A base one kernel inlines may be forced into memory by a kernel built after it (read through an
+    expanding view): it would then be computed twice, and which kernel comes first depends on the
+    order the outputs were asked in. So the kernels are built again, loading every forced base, until
+    no base is forced late (the forced set only grows, so this ends; most graphs need one pass)."""
+    self._schedule_pass()
+    while self.forced_late:
+      self.items, self.scheduled, self.packed, self.inlined, self.forced_late = [], set(), {}, set(), False
+      self._schedule_pass()
+
+  def _schedule_pass(self) -> None:
     # too_deep: how many ops deep each base's inlined tree would be: past MAX_FUSED_DEPTH the base gets
     # a kernel of its own, so no kernel tree is deep enough to recurse past Python's limit
     depth: dict[LazyBuffer, int] = {}
@@ -394,6 +406,7 @@ class _KernelBuilder:
     return KernelNode(BufferOps.LOAD, (), (self.inputs.index(base) + 1, st), base.dtype)
 
   def force_load(self, base: LazyBuffer, st: ShapeTracker) -> KernelNode:
+    if base in self.scheduler.inlined: self.scheduler.forced_late = True
     self.scheduler.forced.add(base)
     return self.load(base, st)
 
@@ -419,6 +432,7 @@ class _KernelBuilder:
       return self.force_load(base, st)
     # pads_or_expands, except a row_value
     if (st.has_mask or prod(st.shape) > base.size) and not self._row_value(st, base): return self.force_load(base, st)
+    self.scheduler.inlined.add(base)
     srcs = tuple(self.build(s, st) for s in base.srcs)   # inline
     if base.op is LoadOps.CONTIGUOUS: return srcs[0]
     return KernelNode(base.op, srcs, base.arg, base.dtype)
