@@ -368,3 +368,22 @@ def test_constant_gradient_is_not_copied_into_a_padded_buffer(monkeypatch):
   torch.nn.functional.conv2d(tx, tw).sum().backward()
   np.testing.assert_allclose(x.grad.numpy(), tx.grad.numpy(), rtol=1e-5, atol=1e-5)
   np.testing.assert_allclose(w.grad.numpy(), tw.grad.numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_kernels_do_not_depend_on_the_order_of_the_outputs():
+  """A CNN's gradients asked for last layer first (as data-parallel training averages them) made conv1's bias
+  gradient recompute the ReLU/max-pool backward (a DIV by the pool's tie count) inline, because its reduce was
+  built before the weight gradient's kernel forced that input into memory: now the reduce loads it, in either
+  order. The reversed order first: with the old rule, a first scheduling of these gradients in one order also
+  decided the second's (both inlined, or both loaded), so only the first one shows it."""
+  from tinychad import nn
+  model = nn.Sequential(nn.Conv2d(1, 32, 5), Tensor.relu, lambda x: x.max_pool2d(2), nn.Conv2d(32, 64, 5), Tensor.relu,
+                        lambda x: x.max_pool2d(2), lambda x: x.flatten(1), nn.Linear(1024, 10))
+  Tensor.realize(*model.parameters())
+  model(rand(64, 1, 28, 28)).cross_entropy(Tensor(np.arange(64) % 10)).backward()   # scheduled, never run
+  grads = [p.grad.contiguous().lazydata for p in model.parameters()]   # each in a buffer of its own, as DDP has them
+  for outs in (grads[::-1], grads):
+    scheduler = schedule._Scheduler(outs)   # not create_schedule: its cache would answer the second order from the first
+    scheduler.schedule()
+    bias_grads = [item.ast.pretty() for item in scheduler.items if item.output.shape == (1, 1, 1, 32)]
+    assert bias_grads and not any("DIV" in text for text in bias_grads), bias_grads
