@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import importlib
+import mmap
 import os
 import numpy as np
 from tinychad.dtype import DType
@@ -20,8 +21,10 @@ from tinychad.helpers import GlobalCounters
 class _MemoryPool:
   """Freed buffers wait here for the next buffer of the same byte size: fresh memory is slow to touch
   (page faults), and a training step asks for the same sizes every time. Bounded so it can't hoard: past
-  LIMIT_BYTES pooled, and for any buffer of BIG_BYTES or more, freed memory goes back to the allocator, which
-  returns such big blocks to the OS at once (glibc maps them on their own); empty() gives back the rest."""
+  LIMIT_BYTES pooled, freed memory goes back to the allocator; empty() gives back the rest. A buffer of BIG_BYTES
+  or more is mapped from the OS on its own (an anonymous mmap, page aligned) and never pooled, so its pages go
+  back the moment it dies: through malloc they could stay in the process (seen in a long test process, where a
+  freed 256 MiB block kept the resident size up)."""
   LIMIT_BYTES = 1 << 30
   # a buffer this big costs its page faults once per use (~5% of merely writing it once), and pooling it would hold
   # a model's largest activations after they die: `del` of a big tensor should show in the process's memory
@@ -36,6 +39,9 @@ class _MemoryPool:
     if self.free.get(nbytes):
       self.pooled_bytes -= nbytes
       return self.free[nbytes].pop()
+    if nbytes >= self.BIG_BYTES:
+      memory = np.frombuffer(mmap.mmap(-1, nbytes), dtype=np.uint8)   # the array keeps the map alive, then unmaps it
+      return memory, memory.ctypes.data
     raw = np.empty(nbytes + alignment, dtype=np.uint8)
     start = (-raw.ctypes.data) % alignment
     return raw[start:start + nbytes], raw.ctypes.data + start
