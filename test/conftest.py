@@ -58,3 +58,6 @@ def _seed(request):
   if request.module is not None and isinstance(getattr(request.module, "rng", None), np.random.Generator):
     request.module.rng = np.random.default_rng(0)
   yield
+  # Module.train() also sets the global Tensor.training (tinygrad's switch): a test that trains a model must not
+  # leave the next test on this worker in training mode (its dropout would drop)
+  Tensor.training = False
