@@ -19,6 +19,7 @@ from tinychad.export.plan import capture_plan
 from tinychad.examples.mnist import CNN, MLP
 from tinychad.helpers import getenv
 from tinychad.runtime.cc import find_c_compiler
+from tinychad.runtime.ops_llvm import optimized_module
 
 CC = find_c_compiler()
 CLANG = shutil.which("clang-14") or shutil.which("clang")
@@ -410,13 +411,7 @@ def test_aarch64_llvm_module_under_qemu(tmp_path):
   tinychad.export(fn, [Tensor(_images(12))], target="llvm", out_dir=tmp_path, simd_bytes=16)
   tm = llvm.Target.from_triple("aarch64-unknown-linux-gnu").create_target_machine(cpu="generic", features="+neon", opt=2,
                                                                                     reloc="static")
-  module = llvm.parse_assembly((tmp_path / "model.ll").read_text())
-  module.triple, module.data_layout = tm.triple, str(tm.target_data)
-  module.verify()
-  options = llvm.create_pipeline_tuning_options(speed_level=2)
-  options.loop_vectorization = options.slp_vectorization = True
-  builder = llvm.create_pass_builder(tm, options)
-  builder.getModulePassManager().run(module, builder)
+  module = optimized_module((tmp_path / "model.ll").read_text(), tm)
   (tmp_path / "model.o").write_bytes(tm.emit_object(module))
   if not getenv("NOOPT", 0): assert len(re.findall(r"\bfmla\s+v\d+\.4s", tm.emit_assembly(module))) >= 8
   (tmp_path / "main.c").write_text(MAIN_READING_FILE.replace('#include "model.h"', "#define MODEL_INPUT_SIZE 784\n"

@@ -56,8 +56,14 @@ def _target_machine():
 def compile_object(source: str) -> bytes:
   """Machine code (an ELF object) for an LLVM module's text, optimized at -O2 for the host CPU.
   Each call has its own LLVMContext and TargetMachine."""
-  llvm = _llvm()
   tm = _target_machine()
+  return tm.emit_object(optimized_module(source, tm))
+
+
+def optimized_module(source: str, tm):
+  """An LLVM module's text parsed for target machine `tm` (the host's, or another: the export's aarch64 check),
+  verified and optimized at -O2 with loop and SLP vectorization."""
+  llvm = _llvm()
   module = llvm.parse_assembly(source, context=llvm.create_context())
   module.triple, module.data_layout = tm.triple, str(tm.target_data)
   module.verify()
@@ -65,7 +71,7 @@ def compile_object(source: str) -> bytes:
   pto.loop_vectorization = pto.slp_vectorization = True
   pass_builder = llvm.create_pass_builder(tm, pto)
   pass_builder.getModulePassManager().run(module, pass_builder)
-  return tm.emit_object(module)
+  return module
 
 
 def _load(obj: bytes):
