@@ -120,8 +120,14 @@ def all_reduce_numpy(array: np.ndarray, op: str = "sum") -> None:
   """Reduce a contiguous host array over all ranks, in place (MPI_IN_PLACE: no copy)."""
   if op == "mean" and not np.issubdtype(array.dtype, np.floating):
     raise TypeError(f"all_reduce: op='mean' needs a float tensor, got {array.dtype}")
-  wait(_World.comm.Iallreduce(_World.MPI.IN_PLACE, array, op=reduce_op(op)), f"all_reduce({op}) of {array.nbytes} bytes")
+  wait(start_all_reduce(array, op), f"all_reduce({op}) of {array.nbytes} bytes")
   if op == "mean": array /= world_size()
+
+
+def start_all_reduce(array: np.ndarray, op: str = "sum"):
+  """Start reducing a contiguous host array over all ranks in place; wait() on the request it returns ("mean"
+  is a sum here: the caller divides)."""
+  return _World.comm.Iallreduce(_World.MPI.IN_PLACE, array, op=reduce_op(op))
 
 
 def owner(tensor: Tensor) -> Tensor:

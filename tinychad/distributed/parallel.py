@@ -33,7 +33,7 @@ class _Bucket:
 
   def start(self, bufs: list[Buffer]) -> None:
     np.concatenate([b.as_numpy() for b in bufs], out=self.flat)
-    self.request = comm._World.comm.Iallreduce(comm._World.MPI.IN_PLACE, self.flat, op=comm._World.MPI.SUM)
+    self.request = comm.start_all_reduce(self.flat)
 
   def finish(self, bufs: list[Buffer]) -> None:
     comm.wait(self.request, f"gradient all-reduce of {self.flat.nbytes} bytes")
