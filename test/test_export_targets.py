@@ -269,6 +269,26 @@ def test_wasm_uses_simd128_and_its_loader_checks_input(tmp_path):
   assert "RangeError: model.forward: input input needs 784 float32 values (shape [1,1,28,28]), got 10" in result.stdout
 
 
+def _most_accumulators(source: str) -> int:
+  """The most vector accumulators one kernel function of exported C declares."""
+  return max(len(re.findall(r"float32x4 acc\d+ =", f)) for f in source.split("TC_KERNEL")[1:])
+
+
+def test_wasm_register_tiles_fit_the_engine(tmp_path):
+  """The wasm export's kernels use codegen/opt.py's "wasm" tuning: V8 gives a function 15 xmm registers, so
+  a conv's register tile is 2 x 4 vectors with its reduce loop not unrolled, where the C export for the same
+  16-byte SIMD keeps the host's larger tiles (and the wasm still computes what tinychad computes)."""
+  Tensor.manual_seed(6)
+  model = nn.eval(CNN())
+  fn = lambda x: model(x).softmax(axis=1)
+  check(fn, [Tensor(_images(12, 8))], [_images(13, 8)], "wasm", tmp_path / "wasm")
+  wasm_c = (tmp_path / "wasm" / "model.wasm.c").read_text()
+  tinychad.export(fn, [Tensor(_images(12, 8))], target="c", out_dir=tmp_path / "c", simd_bytes=16)
+  host_c = (tmp_path / "c" / "model.c").read_text()
+  assert _most_accumulators(wasm_c) == 8 and "#pragma GCC unroll" not in wasm_c
+  assert _most_accumulators(host_c) >= 24 and "#pragma GCC unroll 4" in host_c
+
+
 def test_memory_plan_shares_the_arena():
   """Intermediates whose lifetimes overlap never share bytes; the arena is smaller than their sum."""
   Tensor.manual_seed(5)

@@ -2,25 +2,33 @@
 
 in: /proc/cpuinfo (read once)  ->  out: the SIMD register width. Kept below codegen and the runtimes so
 neither has to import the other for it. An export for another machine (WebAssembly's 128-bit SIMD, NEON)
-lowers its kernels inside `target_simd_bytes(16)`, which every caller of simd_bytes() then sees.
+lowers its kernels inside `target_simd_bytes(16)`, which every caller of simd_bytes() then sees; an
+export for a machine whose code generator wants other kernel shapes names its row of codegen/opt.py's
+tuning table there too (`target_simd_bytes(16, "wasm")`, seen by target_tuning()).
 """
 import contextlib
 import functools
 from typing import Iterator
 
-_targets: list[int] = []     # the open target_simd_bytes() blocks' widths, innermost last
+_targets: list[tuple[int, str]] = []   # the open target_simd_bytes() blocks' (width, tuning), innermost last
 
 
 def simd_bytes() -> int:
   """Bytes in one SIMD register of the machine kernels are made for: the host's, unless an export
   for another machine is lowering them (target_simd_bytes)."""
-  return _targets[-1] if _targets else host_simd_bytes()
+  return _targets[-1][0] if _targets else host_simd_bytes()
+
+
+def target_tuning() -> str:
+  """The row of the kernel tuning table (codegen/opt.py's TUNING) for the machine kernels are made for."""
+  return _targets[-1][1] if _targets else "host"
 
 
 @contextlib.contextmanager
-def target_simd_bytes(nbytes: int) -> Iterator[None]:
-  """Kernels lowered inside the block are made for SIMD registers of `nbytes` bytes."""
-  _targets.append(nbytes)
+def target_simd_bytes(nbytes: int, tuning: str = "host") -> Iterator[None]:
+  """Kernels lowered inside the block are made for SIMD registers of `nbytes` bytes, shaped by the
+  tuning table's row `tuning`."""
+  _targets.append((nbytes, tuning))
   try:
     yield
   finally:

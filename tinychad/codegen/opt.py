@@ -21,11 +21,14 @@ The heuristics, in order (every choice divides its axis, except a register tile'
     TILE_ROW_VECTORS vectors (6x64 floats with AVX-512), 4 rows for a reduce of at most SHORT_REDUCE
     elements; where 4 vectors don't divide the vector axis, 5x5, 8x3 or 3x7 (ODD_ROW_TILES), else 8
     rows of NARROW_ROW_VECTORS;
+    these sizes are the host's row of the tuning table (TUNING); an export for another machine picks
+    its own row (host.target_tuning(): WebAssembly's, whose engine has fewer vector registers);
   - tail: a tile's rows need not divide their axis. The loop runs the whole tiles, then one tile of
     the leftover rows follows it (codegen/linearize.py). Only one axis, never the vector axis, and
     only inside another loop (`tails_are_valid`): the outermost loop is the one threads split;
   - more accumulators: a reduce with no register tile keeps several vector partial sums (latency);
-  - the reduce loop's body is unrolled REDUCE_UNROLL times (same accumulators, fewer loop steps);
+  - the reduce loop's body is unrolled REDUCE_UNROLL times (same accumulators, fewer loop steps; the
+    tuning table's `reduce_unroll`);
   - staging (`stage`): the one load a register tile shares (stride 0 along every tile axis: B in a
     matmul) is copied, for each pass of the loops it moves along, into a contiguous scratch panel
     (reduce index x the vector axis's tile lanes) that the tile then reads instead: one stream,
@@ -57,7 +60,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from tinychad.dtype import NATIVE_VECTOR_DTYPES, VECTOR_DTYPES, DType
 from tinychad.helpers import getenv, prod
-from tinychad.host import simd_bytes
+from tinychad.host import simd_bytes, target_tuning
 from tinychad.ops import OP_INFO, Op
 
 # ops a SIMD kernel may not contain (the dtypes it may hold are dtype.VECTOR_DTYPES)
@@ -94,6 +97,30 @@ STAGE_MIN_REUSE = 4            # passes of the tile over a staged panel: fewer d
 SEARCH_MAX_ACCUMULATORS = 32
 SEARCH_ROW_VECTORS = (1, 2, 4)
 SEARCH_REDUCE_ACCUMULATORS = (1, 2, 4, 8)
+
+
+@dataclass(frozen=True)
+class Tuning:
+  """The register-tile sizes of one kind of machine (the module docstring's register tile)."""
+  tile_rows: int                     # rows of a tile of `tile_row_vectors` vectors
+  tile_row_vectors: int
+  odd_row_tiles: dict[int, int]      # row vectors -> rows, where tile_row_vectors don't divide the axis
+  narrow_row_vectors: int            # the last resort's row vectors, max_tile_accumulators // it rows
+  max_tile_accumulators: int
+  reduce_unroll: int                 # copies of the reduce loop's body
+
+
+# A row per kind of machine the kernels are made for (host.target_tuning()). "wasm": WebAssembly's
+# SIMD128 run by V8 on x86-64, which allocates 15 xmm registers (xmm15 is its scratch) to a function and
+# spills the rest to the stack on every use; clang's wasm keeps a tile's row vectors, its broadcasts and
+# one product live beside the accumulators, so 2 rows x 4 vectors (8 + 4 + 2 + 1 = 15) or 4 x 2 fit, and
+# the host's 6 x 4 spilled its accumulators at every multiply-add. Unrolling the reduce loop let clang
+# interleave the copies' loads ahead of their use, which spilled again even with 2 x 4 (measurements:
+# bench/README.md, "Export").
+TUNING = {
+  "host": Tuning(TILE_ROWS, TILE_ROW_VECTORS, ODD_ROW_TILES, NARROW_ROW_VECTORS, MAX_TILE_ACCUMULATORS, REDUCE_UNROLL),
+  "wasm": Tuning(2, 4, {5: 1, 3: 2}, 2, 8, 1),
+}
 
 
 Dims = list[tuple[int, bool]]          # (size, is_reduce) per axis
@@ -365,12 +392,14 @@ def _complete(dims: Dims, leaves: list[LeafAccess], vector: Vector) -> Opts:
     return (_transpose_opts(dims, leaves) if vector is None else None) or _build_opts(dims, leaves, vector)
   # without a vector axis the tile is scalar accumulators, which still share every load they can
   vec_is_reduce = vector is not None and dims[vector[0]][1]
-  fitting = [c for c in (TILE_ROW_VECTORS, *ODD_ROW_TILES, NARROW_ROW_VECTORS) if _vector_fits(dims, vector, c)]
+  tuning = TUNING[target_tuning()]
+  row_counts = (tuning.tile_row_vectors, *tuning.odd_row_tiles, tuning.narrow_row_vectors)
+  fitting = [c for c in row_counts if _vector_fits(dims, vector, c)]
   count = 1 if vec_is_reduce or not fitting else fitting[0]
   short = reduce_size(dims) <= SHORT_REDUCE
-  if count == TILE_ROW_VECTORS and not short: budget = TILE_ROWS
-  elif count in ODD_ROW_TILES: budget = ODD_ROW_TILES[count]
-  else: budget = MAX_TILE_ACCUMULATORS // count
+  if count == tuning.tile_row_vectors and not short: budget = tuning.tile_rows
+  elif count in tuning.odd_row_tiles: budget = tuning.odd_row_tiles[count]
+  else: budget = tuning.max_tile_accumulators // count
   vec = vector[0] if vector is not None else None
   tile = _heuristic_tile(dims, leaves, vec, budget, tails=True)
   opts = _build_opts(dims, leaves, vector, count, tile)
@@ -379,7 +408,7 @@ def _complete(dims: Dims, leaves: list[LeafAccess], vector: Vector) -> Opts:
     opts = _build_opts(dims, leaves, vector, count, tile)
   if not tile and vec_is_reduce and _vector_fits(dims, vector, REDUCE_ACCUMULATORS):
     opts = _build_opts(dims, leaves, vector, REDUCE_ACCUMULATORS)
-  opts.unroll = REDUCE_UNROLL
+  opts.unroll = tuning.reduce_unroll
   return opts
 
 

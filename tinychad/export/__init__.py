@@ -49,7 +49,9 @@ def export(fn: Callable, example_inputs: Sequence, target: str = "c", out_dir: s
   if target == "wasm" and simd_bytes not in (None, 16):
     raise ValueError(f"export: WebAssembly's SIMD registers are 16 bytes, not simd_bytes={simd_bytes}")
   simd = 16 if target == "wasm" else simd_bytes or host_simd_bytes()
-  plan = capture_plan(fn, example_inputs, name, simd, names.get("inputs"), names.get("outputs"))
+  # WebAssembly's engines want smaller register tiles than a CPU of the same width (codegen/opt.py's TUNING)
+  plan = capture_plan(fn, example_inputs, name, simd, names.get("inputs"), names.get("outputs"),
+                      "wasm" if target == "wasm" else "host")
   out = Path(out_dir)
   out.mkdir(parents=True, exist_ok=True)
   files: dict[str, bytes] = {}

@@ -1,6 +1,6 @@
 """Plan an export: the kernels of one call of a function, and where every buffer they touch lives.
 
-in: a function of Tensors, example input Tensors, the SIMD width of the target machine
+in: a function of Tensors, example input Tensors, the SIMD width of the target machine and its kernel tuning
 out: a Plan: the call's kernels lowered to linear IR (codegen) in order, each with its argument buffers;
      every buffer classified as an input, a weight (read but never written: its data is kept), or
      scratch (written by a kernel), scratch placed at an offset of one arena, buffers whose lifetimes
@@ -155,8 +155,9 @@ def _names(given: Sequence[str] | None, count: int, default: str, what: str) -> 
 
 
 def capture_plan(fn: Callable, example_inputs: Sequence, name: str, simd: int, input_names=None,
-                 output_names=None) -> Plan:
-  """The Plan of `fn` on tensors shaped like `example_inputs` (see the module docstring)."""
+                 output_names=None, tuning: str = "host") -> Plan:
+  """The Plan of `fn` on tensors shaped like `example_inputs` (see the module docstring), its kernels
+  lowered for `simd`-byte registers with the tuning table's row `tuning` (codegen/opt.py's TUNING)."""
   if not NAME.match(name): raise ValueError(f"export: name {name!r} is not an identifier")
   # a jitted function replays kernels without realizing them, which capture() records only once
   if isinstance(fn, TinyJit): fn = fn.fn
@@ -197,7 +198,7 @@ def capture_plan(fn: Callable, example_inputs: Sequence, name: str, simd: int, i
     slot.last = index
     return slot
 
-  with target_simd_bytes(simd):
+  with target_simd_bytes(simd, tuning):
     for index, (item, bufs) in enumerate(steps):
       args = [slot_of(b, index) for b in bufs[1:]]
       out = bufs[0]
