@@ -276,7 +276,7 @@ def _most_accumulators(source: str) -> int:
 
 def test_wasm_register_tiles_fit_the_engine(tmp_path):
   """The wasm export's kernels use codegen/opt.py's "wasm" tuning: V8 gives a function 15 xmm registers, so
-  a conv's register tile is 2 x 4 vectors with its reduce loop not unrolled, where the C export for the same
+  a conv's register tile is 4 x 2 vectors with its reduce loop not unrolled, where the C export for the same
   16-byte SIMD keeps the host's larger tiles (and the wasm still computes what tinychad computes)."""
   Tensor.manual_seed(6)
   model = nn.eval(CNN())
