@@ -1,8 +1,10 @@
 """The web demo (tinychad/examples/web.py) in a real browser: headless Chromium, driven by Playwright, loads the
 exported page, a "7" is drawn on its canvas with mouse strokes, and the page's prediction, computed by the
 model's WebAssembly in the page, must equal the Python model's on the same rasterized image (the page shows
-the 28x28 pixels it fed the model). A screenshot is saved (in the test's folder, and in $TINYCHAD_SCREENSHOTS
-when set). Also: `python -m tinychad.examples.web --export DIR` writes the page's files."""
+the 28x28 pixels it fed the model). On the text page (examples/webtext.py) a prompt is typed, and the text the
+LSTM's WebAssembly writes at temperature 0 must be the Python model's greedy continuation. Screenshots are
+saved (in the test's folder, and in $TINYCHAD_SCREENSHOTS when set). Also: `python -m tinychad.examples.web
+--export DIR` writes both pages' files."""
 from __future__ import annotations
 import os
 import shutil
@@ -11,7 +13,7 @@ import sys
 import numpy as np
 import pytest
 from tinychad import Tensor, nn
-from tinychad.examples import web
+from tinychad.examples import web, webtext
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
@@ -27,13 +29,30 @@ def trained_cnn(tmp_path_factory):
   return path, model
 
 
-def test_export_writes_the_page(tmp_path, trained_cnn):
-  path, _ = trained_cnn
-  result = subprocess.run([sys.executable, "-m", "tinychad.examples.web", "--weights", str(path), "--export", str(tmp_path)],
-                          capture_output=True, text=True, timeout=600)
+@pytest.fixture(scope="module")
+def trained_lm(tmp_path_factory):
+  """A quick character-level LSTM (QUICK_STEPS_TEST steps: enough for its text to be more than one repeated
+  character), saved as the demo saves one."""
+  path = tmp_path_factory.mktemp("weights") / "lstm_char.safetensors"
+  model, data = webtext.load_lm(path, quick_steps=QUICK_STEPS_TEST)
+  assert path.exists()
+  return path, model, data
+
+
+QUICK_STEPS_TEST = 60
+
+
+def test_export_writes_the_page(tmp_path, trained_cnn, trained_lm):
+  path, lm_path = trained_cnn[0], trained_lm[0]
+  result = subprocess.run([sys.executable, "-m", "tinychad.examples.web", "--weights", str(path), "--lm-weights", str(lm_path),
+                           "--export", str(tmp_path)], capture_output=True, text=True, timeout=600)
   assert result.returncode == 0, result.stderr
-  for name in ("index.html", "model.js", "model.wasm", "model.d.ts", "model.json"): assert (tmp_path / name).exists(), name
+  for name in ("index.html", "model.js", "model.wasm", "model.d.ts", "model.json", "text.html", "lm.js", "lm.wasm",
+               "lm.d.ts", "lm.json", "lm.safetensors", "lm_vocab.json"):
+    assert (tmp_path / name).exists(), name
   assert 'import { load } from "./model.js"' in (tmp_path / "index.html").read_text()
+  assert 'import { load } from "./lm.js"' in (tmp_path / "text.html").read_text()
+  assert 'href="text.html"' in (tmp_path / "index.html").read_text() and 'href="index.html"' in (tmp_path / "text.html").read_text()
 
 
 def test_drawn_seven_is_read_in_the_browser(tmp_path, trained_cnn):
@@ -80,4 +99,48 @@ def test_drawn_seven_is_read_in_the_browser(tmp_path, trained_cnn):
   np.testing.assert_allclose(page_probs, python_probs, rtol=1e-4, atol=1e-5)
   assert shown == int(python_probs.argmax())
   assert shown == 7, f"the quick CNN read the drawn 7 as {shown} ({python_probs.round(3)})"
+  assert screenshot.stat().st_size > 10_000
+
+
+def test_text_page_generates_the_greedy_continuation(tmp_path, trained_lm):
+  if CHROMIUM is None: pytest.skip("no chromium (Debian: apt-get install chromium; .ci/run installs it)")
+  sync_api = pytest.importorskip("playwright.sync_api", reason="no playwright (pip install playwright)")
+  _, model, data = trained_lm
+  site = tmp_path / "site"
+  webtext.export_text_page(model, data, site)
+  server = web.serve(site, 0)
+  prompt, length = "The default ", 120
+  try:
+    with sync_api.sync_playwright() as p:
+      browser = p.chromium.launch_persistent_context(tmp_path / "profile", executable_path=CHROMIUM, args=CHROMIUM_FLAGS,
+                                                     viewport={"width": 900, "height": 700})
+      page = browser.new_page()
+      errors = []
+      page.on("pageerror", lambda e: errors.append(str(e)))
+      page.goto(f"http://127.0.0.1:{server.server_address[1]}/text.html")
+      page.wait_for_function("window.modelReady === true || window.modelError", timeout=30000)
+      assert page.evaluate("window.modelError || null") is None
+      page.fill("#prompt", "")
+      page.type("#prompt", prompt)
+      page.fill("#temperature", "0")
+      page.fill("#length", str(length))
+      page.click("#generate")
+      # characters appear while it runs: some are on the page before the last one is
+      page.wait_for_function("window.generated && window.generated.length > 0", timeout=30000)
+      partial = len(page.evaluate("window.generated"))
+      page.wait_for_function("window.generating === false", timeout=60000)
+      generated = page.evaluate("window.generated")
+      shown = page.locator("#output").inner_text()
+      screenshot = tmp_path / "web_text.png"
+      page.screenshot(path=str(screenshot))
+      if os.getenv("TINYCHAD_SCREENSHOTS"): shutil.copyfile(screenshot, os.path.join(os.environ["TINYCHAD_SCREENSHOTS"], "web_text.png"))
+      browser.close()
+  finally:
+    server.shutdown()
+  assert not errors, errors
+  want = webtext.greedy_continuation(model, data, prompt, length)
+  assert len(generated) == length and generated == want, (generated, want)
+  assert partial < length, "the page showed the text only when all of it was there"
+  assert shown.replace("\n", "") == (prompt + want).replace("\n", "")
+  assert len(set(want)) > 3, f"the quick LSTM writes one repeated character: {want!r}"
   assert screenshot.stat().st_size > 10_000
