@@ -15,6 +15,7 @@ import pytest
 import safetensors.numpy
 import tinychad
 from tinychad import Tensor, TinyJit, dtypes, nn
+from tinychad.engine.realize import capture
 from tinychad.export.plan import capture_plan
 from tinychad.examples.mnist import CNN, MLP
 from tinychad.helpers import getenv
@@ -287,6 +288,27 @@ def test_wasm_register_tiles_fit_the_engine(tmp_path):
   host_c = (tmp_path / "c" / "model.c").read_text()
   assert _most_accumulators(wasm_c) == 8 and "#pragma GCC unroll" not in wasm_c
   assert _most_accumulators(host_c) >= 24 and "#pragma GCC unroll 4" in host_c
+
+
+def test_kernels_of_weights_only_are_folded(tmp_path):
+  """The CNN's weight transposes and batchnorm scales read weights only: the export runs them once and keeps
+  their outputs as weights (the output still equals tinychad's); a broadcast of a weight much bigger than the
+  weight stays a kernel."""
+  Tensor.manual_seed(7)
+  model = nn.eval(CNN())
+  fn = lambda x: model(x).softmax(axis=1)
+  with capture() as captured: fn(Tensor(_images(14, 2))).realize()
+  plan = capture_plan(fn, [Tensor(_images(14, 2))], "cnn", 16)
+  assert len(plan.steps) < len([item for item, _ in captured if item is not None])
+  for step in plan.steps: assert any(a.kind != "weight" for a in step.args[1:]), step.program.name
+  names = [w.name for w in plan.weights]
+  assert names == [f"w{i}" for i in range(len(names))]
+  check(fn, [Tensor(_images(14, 2))], [_images(15, 2)], "c", tmp_path / "cnn")
+  bias = Tensor(np.arange(8, dtype=np.float32))
+  spread = lambda x: x + bias.reshape(8, 1).expand(8, 4096).contiguous()
+  plan = capture_plan(spread, [Tensor(np.ones((8, 4096), np.float32))], "spread", 16)
+  assert [w.size for w in plan.weights] == [8]
+  check(spread, [Tensor(np.ones((8, 4096), np.float32))], [np.full((8, 4096), 2, np.float32)], "c", tmp_path / "spread")
 
 
 def test_memory_plan_shares_the_arena():

@@ -14,6 +14,8 @@ by Python: `.item()`, `.numpy()`), and replaying the first recording on the thir
 give the third call's outputs exactly; else the function's Python control flow or shapes depend on
 tensor values, or it keeps state, and exporting it would freeze one path silently. (Python reading an
 input directly, with no kernel, is caught only when the other values send it down another path.)
+Kernels that read weights only (the weights' packing and transposes, a batchnorm's folded scale) are run
+once here, and their outputs become weights: the exported code doesn't redo them on every call.
 """
 from __future__ import annotations
 import dataclasses
@@ -29,6 +31,7 @@ from tinychad.engine.realize import capture, realize, run_kernel
 from tinychad.host import target_simd_bytes
 
 ALIGN = 64    # bytes: every arena slot starts at a multiple, as tinychad's own buffers do (SIMD, streaming stores)
+FOLD_MIN_BYTES = 4096   # a folded kernel's output may be this big whatever it reads (_foldable)
 NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
 
@@ -203,6 +206,10 @@ def capture_plan(fn: Callable, example_inputs: Sequence, name: str, simd: int, i
       args = [slot_of(b, index) for b in bufs[1:]]
       out = bufs[0]
       if id(out) in slots: raise ValueError("export: the function writes a tensor that existed before the call (assign)")
+      if _foldable(args, out):
+        slots[id(out)] = _fold(item, out, args)
+        weights.append(slots[id(out)])
+        continue
       slots[id(out)] = Slot("scratch", out.size, out.dtype, f"b{index}", first=index, last=index)
       program = None
       if item is not None:
@@ -216,7 +223,32 @@ def capture_plan(fn: Callable, example_inputs: Sequence, name: str, simd: int, i
     outputs.append(Param(n, tuple(o.shape), o.dtype, slot))
   params = [Param(n, tuple(x.shape), x.dtype, slots[id(b)]) for x, b, n in zip(inputs, input_bufs, in_names)]
   scratch = [s for s in slots.values() if s.kind == "scratch"]
+  # weights only folded kernels read are gone from the code; the rest are numbered afresh
+  read = {id(slot) for step in plan_steps for slot in step.args[1:]} | {id(p.slot) for p in outputs}
+  weights = [w for w in weights if id(w) in read]
+  for number, w in enumerate(weights): w.name = f"w{number}"
   return Plan(name, params, outputs, plan_steps, weights, _place(scratch), scratch)
+
+
+def _foldable(args: list[Slot], out: Buffer) -> bool:
+  """A kernel (or copy) that reads weights only computes the same on every call: the export runs it once and
+  keeps its output as a weight (the scheduler's packed and transposed weights, a batchnorm's scale), unless
+  that output is much bigger than what it reads (a broadcast: cheaper computed than stored)."""
+  return all(a.kind == "weight" for a in args) and \
+    out.size * out.dtype.itemsize <= max(sum(a.nbytes for a in args), FOLD_MIN_BYTES)
+
+
+def _fold(item, out: Buffer, args: list[Slot]) -> Slot:
+  """The weight slot holding the output of a foldable kernel (item) or copy (None), run here on the host."""
+  sources = []
+  for a in args:
+    buf = Buffer(out.device, a.size, a.dtype).allocate()
+    buf.copyin(np.ascontiguousarray(a.data).reshape(-1))
+    sources.append(buf)
+  result = Buffer(out.device, out.size, out.dtype).allocate()
+  if item is None: result.copyin(sources[0].as_numpy())
+  else: run_kernel(item, [result] + sources)
+  return Slot("weight", out.size, out.dtype, "", result.as_numpy().copy())
 
 
 def _place(scratch: list[Slot]) -> int:
