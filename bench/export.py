@@ -11,7 +11,8 @@ out: two tables, every number from this one run (the machine is shared: compare 
   native  per batch: the exported C (cc -O2 -march=native, one thread), tinychad itself and PyTorch (CPU
           threads as configured), in ms per forward
 Every runtime's probabilities are checked against PyTorch's (1e-4) before it is timed.
-  python -m bench.export [--resnet]     # --resnet: also ResNet-18 at 224x224, batch 1, tinychad .wasm vs ORT Web
+  python -m bench.export [--resnet]     # --resnet: also ResNet-18 at 224x224, batch 1 (.wasm, ORT Web, TF.js)
+  python -m bench.export --resnet-only  # that row alone
 """
 from __future__ import annotations
 import ctypes
@@ -121,7 +122,7 @@ class TorchResNet18(torch.nn.Module):
 
 def resnet_row(tmp: Path) -> None:
   """ResNet-18 at 224x224, batch 1: tinychad's .wasm (weights in a safetensors file beside it) against ONNX
-  Runtime Web, same weights (TF.js is left out: its ResNet would need a port of the model to tfjs ops)."""
+  Runtime Web and TF.js's wasm backend (the same layers in tfjs-core ops), same weights."""
   Tensor.manual_seed(1)
   model = ResNet18()
   nn.eval(model)
@@ -135,6 +136,12 @@ def resnet_row(tmp: Path) -> None:
   torch.onnx.export(twin, (torch.from_numpy(x),), str(tmp / "resnet18.onnx"), input_names=["x"], output_names=["probs"],
                     dynamo=False, opset_version=17)
   (tmp / "resnet_x.bin").write_bytes(x.tobytes())
+  # the weights for TF.js: one float32 file and an index of (name, shape, offset in floats)
+  arrays = {k: v.numpy().astype(np.float32) for k, v in state.items() if "num_batches" not in k}
+  index, at = {}, 0
+  for k, v in arrays.items(): index[k], at = {"shape": list(v.shape), "offset": at}, at + v.size
+  (tmp / "resnet_w.bin").write_bytes(b"".join(v.tobytes() for v in arrays.values()))
+  (tmp / "resnet_w.json").write_text(json.dumps(index))
   with torch.no_grad(): (tmp / "resnet_want.bin").write_bytes(twin(torch.from_numpy(x)).numpy().tobytes())
   script = NODE_DIR / "bench_export_resnet.mjs"
   script.write_text(RESNET_JS)
@@ -143,14 +150,17 @@ def resnet_row(tmp: Path) -> None:
   r = json.loads(result.stdout.strip().splitlines()[-1])
   assert max(r["check"].values()) < 1e-3, r["check"]
   wasm_kb = (tmp / "resnet" / "model.wasm").stat().st_size / 1e3
-  print(f"\nResNet-18 224x224 batch 1 in Node.js (one thread, ms, best of 3): tinychad .wasm {r['tinychad']:.1f} | "
-        f"ORT Web {r['ort']:.1f} | ORT/tinychad {r['ort'] / r['tinychad']:.2f} | max |diff| vs torch "
-        f"{r['check']['tinychad']:.1e} / {r['check']['ort']:.1e}; {manifest['kernels']} kernels, model.wasm {wasm_kb:.0f} kB "
-        f"+ {manifest['weight_bytes'] / 1e6:.1f} MB weights; export took {export_s:.0f} s")
+  print(f"\nResNet-18 224x224 batch 1 in Node.js (one thread, ms, best of 5): tinychad .wasm {r['tinychad']:.1f} | "
+        f"ORT Web {r['ort']:.1f} | TF.js wasm {r['tfjs']:.1f} | ORT/tinychad {r['ort'] / r['tinychad']:.2f} | "
+        f"TF.js/tinychad {r['tfjs'] / r['tinychad']:.2f} | max |diff| vs torch " + " / ".join(f"{v:.1e}" for v in r["check"].values())
+        + f"; {manifest['kernels']} kernels, model.wasm {wasm_kb:.0f} kB + {manifest['weight_bytes'] / 1e6:.1f} MB weights; "
+        f"export took {export_s:.0f} s")
 
 
 RESNET_JS = r"""
 import * as ort from "onnxruntime-web";
+import * as tf from "@tensorflow/tfjs-core";
+import { setThreadsCount } from "@tensorflow/tfjs-backend-wasm";
 import { readFileSync } from "node:fs";
 const dir = process.argv[2];
 ort.env.wasm.numThreads = 1;
@@ -161,13 +171,35 @@ const { load } = await import(`${dir}/resnet/model.js`);
 const m = await load(`${dir}/resnet/model.wasm`, `${dir}/resnet/model.safetensors`);
 const session = await ort.InferenceSession.create(`${dir}/resnet18.onnx`, { executionProviders: ["wasm"] });
 const feeds = { x: new ort.Tensor("float32", x, [1, 3, 224, 224]) };
-const check = { tinychad: maxDiff(m.forward(x), want), ort: maxDiff((await session.run(feeds)).probs.data, want) };
-let tc = Infinity, o = Infinity;
-for (let round = 0; round < 3; round++) {
+// ResNet-18 in tfjs-core ops, NHWC (functions only: the Node.js bundle has no chained ops)
+setThreadsCount(1); await tf.setBackend("wasm"); await tf.ready();
+const all = readF32(`${dir}/resnet_w.bin`), index = JSON.parse(readFileSync(`${dir}/resnet_w.json`));
+const w = name => tf.tensor(all.subarray(index[name].offset, index[name].offset + index[name].shape.reduce((a, b) => a * b, 1)), index[name].shape);
+const conv = (name, stride, pad) => { const f = tf.transpose(w(`${name}.weight`), [2, 3, 1, 0]); return h => tf.conv2d(h, f, stride, pad); };
+const bn = name => { const [m, v, b, g] = ["running_mean", "running_var", "bias", "weight"].map(k => w(`${name}.${k}`)); return h => tf.batchNorm(h, m, v, b, g, 1e-5); };
+const widths = [[64, 64, 1], [64, 64, 1], [64, 128, 2], [128, 128, 1], [128, 256, 2], [256, 256, 1], [256, 512, 2], [512, 512, 1]];
+const blocks = widths.map(([cin, cout, s], i) => ({
+  c1: conv(`blocks.${i}.conv1`, s, 1), b1: bn(`blocks.${i}.bn1`), c2: conv(`blocks.${i}.conv2`, 1, 1), b2: bn(`blocks.${i}.bn2`),
+  down: s !== 1 || cin !== cout ? [conv(`blocks.${i}.down.0`, s, 0), bn(`blocks.${i}.down.1`)] : null }));
+const stem = conv("conv1", 2, 3), stemBn = bn("bn1"), fcW = tf.transpose(w("fc.weight")), fcB = w("fc.bias");
+const tfForward = input => tf.tidy(() => {
+  let h = tf.maxPool(tf.relu(stemBn(stem(tf.transpose(input, [0, 2, 3, 1])))), 3, 2, 1);
+  for (const b of blocks) {
+    const out = b.b2(b.c2(tf.relu(b.b1(b.c1(h)))));
+    h = tf.relu(tf.add(out, b.down ? b.down[1](b.down[0](h)) : h));
+  }
+  return tf.add(tf.matMul(tf.mean(h, [1, 2]), fcW), fcB);
+});
+const tx = tf.tensor(x, [1, 3, 224, 224]);
+const check = { tinychad: maxDiff(m.forward(x), want), ort: maxDiff((await session.run(feeds)).probs.data, want),
+                tfjs: maxDiff(tfForward(tx).dataSync(), want) };
+let tc = Infinity, o = Infinity, tj = Infinity;
+for (let round = 0; round < 5; round++) {
   let t = performance.now(); m.forward(x); tc = Math.min(tc, performance.now() - t);
   t = performance.now(); await session.run(feeds); o = Math.min(o, performance.now() - t);
+  t = performance.now(); const y = tfForward(tx); y.dataSync(); y.dispose(); tj = Math.min(tj, performance.now() - t);
 }
-console.log(JSON.stringify({ check, tinychad: tc, ort: o }));
+console.log(JSON.stringify({ check, tinychad: tc, ort: o, tfjs: tj }));
 """
 
 
@@ -317,9 +349,12 @@ def _best(fn, reps: int) -> float:
 def main() -> None:
   model, twin, state = models()
   with tempfile.TemporaryDirectory(prefix="bench-export-") as tmp:
-    wasm_table(model, twin, state, Path(tmp))
-    native_table(model, twin, Path(tmp))
-    if "--resnet" in sys.argv: resnet_row(Path(tmp))
+    if "--resnet-only" not in sys.argv:
+      wasm_table(model, twin, state, Path(tmp))
+      native_table(model, twin, Path(tmp))
+    if "--resnet" in sys.argv or "--resnet-only" in sys.argv:
+      node_packages()
+      resnet_row(Path(tmp))
 
 
 if __name__ == "__main__":
