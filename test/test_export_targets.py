@@ -275,10 +275,11 @@ def _most_accumulators(source: str) -> int:
   return max(len(re.findall(r"float32x4 acc\d+ =", f)) for f in source.split("TC_KERNEL")[1:])
 
 
-def test_wasm_register_tiles_fit_the_engine(tmp_path):
+def test_wasm_register_tiles_fit_the_engine(tmp_path, set_noopt):
   """The wasm export's kernels use codegen/opt.py's "wasm" tuning: V8 gives a function 15 xmm registers, so
   a conv's register tile is 4 x 2 vectors with its reduce loop not unrolled, where the C export for the same
   16-byte SIMD keeps the host's larger tiles (and the wasm still computes what tinychad computes)."""
+  set_noopt("0")    # NOOPT=1 lowers plain loops: no tiles
   Tensor.manual_seed(6)
   model = nn.eval(CNN())
   fn = lambda x: model(x).softmax(axis=1)
