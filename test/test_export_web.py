@@ -139,8 +139,20 @@ def test_text_page_generates_the_greedy_continuation(tmp_path, trained_lm):
     server.shutdown()
   assert not errors, errors
   want = webtext.greedy_continuation(model, data, prompt, length)
-  assert len(generated) == length and generated == want, (generated, want)
+  assert len(generated) == length
+  if generated != want: _assert_near_tie(model, data, prompt, generated, want)
   assert partial < length, "the page showed the text only when all of it was there"
   assert shown.replace("\n", "") == (prompt + want).replace("\n", "")
   assert len(set(want)) > 3, f"the quick LSTM writes one repeated character: {want!r}"
   assert screenshot.stat().st_size > 10_000
+
+
+def _assert_near_tie(model, data, prompt: str, generated: str, want: str) -> None:
+  """The page's text may leave Python's only where two characters' logits were a float rounding apart (the
+  wasm's kernels add in another order): at the first difference, both must be within 1e-4 of the top logit."""
+  k = next(i for i, (a, b) in enumerate(zip(generated, want)) if a != b)
+  logits = model(Tensor([data.encode(prompt + want[:k])]))[0].numpy()[0, -1]
+  top = logits.max()
+  gaps = [top - logits[data.index[ch]] for ch in (generated[k], want[k])]
+  assert max(gaps) < 1e-4, f"the page wrote {generated[k]!r} where Python's greedy text has {want[k]!r} (logit gaps {gaps}) " \
+                           f"after {k} characters:\n{generated!r}\n{want!r}"
