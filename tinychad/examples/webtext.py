@@ -2,7 +2,7 @@
 
 in: the LSTM's weights (web.py's --lm-weights, default lstm_char.safetensors as `python -m tinychad.examples.lstm`
     saves them; its sizes are read from the file); when that file is missing, a quick one is trained first
-    (QUICK_STEPS AdamW steps of a small LSTM, about a minute on 2 cores) and saved there. The vocabulary is the
+    (QUICK_STEPS AdamW steps of a small LSTM) and saved there. The vocabulary is the
     sorted characters of the text it was trained on (CharData: Python's pydoc_data/topics.py by default).
 out: in the page's folder, text.html, lm.wasm, lm.js, lm.d.ts, lm.json, lm.safetensors and lm_vocab.json.
 The exported function is one step of the model, (token (1, 1) int32, h, c (layers, 1, hidden)) -> (logits
@@ -24,7 +24,8 @@ from tinychad.models.lstm import LSTMLanguageModel
 from tinychad.nn.state import get_state_dict, load_state_dict, safe_load, safe_save
 
 PAGE = Path(__file__).resolve().parent / "web" / "text.html"
-# the quick model: small enough to train in about a minute on 2 cores (validation loss ~1.4 after 150 steps)
+# the quick model: 150 steps train in about a minute on 2 cores once the step's kernels are compiled (the
+# first run compiles them: a minute or two more); validation loss 1.31 after the 150 steps
 QUICK_STEPS = 150
 QUICK_SIZES = ["--embed", "32", "--hidden", "128", "--layers", "2", "--lr", "1e-2"]
 
