@@ -6,13 +6,16 @@
   - where a GPU is present (skipped elsewhere, the reason saying "no CUDA GPU"): property tests against the
     NUMPY reference, gradients across .to("CUDA"), a training step and a TinyJit replay against the CPU, a
     real out-of-memory. The op suite runs on CUDA through conftest's `each_device` where a GPU is present.
+test/fake_libcuda.c is the fake driver in C: the same calls across a real C ABI.
 The CUDA C of every kernel of the op suite and of the bench models compiles with NVRTC in test/test_opencl.py.
 """
 from __future__ import annotations
 import ctypes
 import os
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 import numpy as np
 import pytest
 from tinychad import Tensor, TinyJit, dtypes, nn
@@ -103,10 +106,11 @@ class FakeLib:
 
 @pytest.fixture
 def fake_cuda(monkeypatch):
-  """The CUDA device on a FakeLib, installed as Device["CUDA"] for the test (NVRTC compiles for real)."""
+  """The CUDA device on a fake driver (a FakeLib, or the C one), installed as Device["CUDA"] for the test (NVRTC
+  compiles for real)."""
   from tinychad.runtime.ops_cuda import CUDADevice
 
-  def install(lib: FakeLib):
+  def install(lib):
     device = CUDADevice("CUDA", Driver(lib))
     monkeypatch.setattr(cuda_driver, "unavailable_reason", lambda names=None: None)
     monkeypatch.setitem(Device._devices, "CUDA", device)
@@ -240,6 +244,43 @@ def test_a_grid_too_big_for_the_gpu_is_a_clear_error(fake_cuda):
   x = Tensor(np.ones((300, 5, 7), np.float32), device="CUDA")
   with pytest.raises(ValueError, match="blocks along [yz], more than this GPU launches"):
     x.permute(2, 1, 0).sum(1).realize()     # a grid of (7, 304) work-items in groups of (7, 16): 19 blocks along y
+
+
+@pytest.fixture(scope="module")
+def c_driver(tmp_path_factory):
+  """test/fake_libcuda.c built into a shared library: (libcuda's functions as the device loads them, the library)."""
+  compiler = shutil.which("gcc") or shutil.which("clang") or shutil.which("cc")
+  if compiler is None: pytest.skip("no C compiler for the fake driver")
+  path = tmp_path_factory.mktemp("fake_cuda") / "libcuda.so.1"
+  subprocess.run([compiler, "-shared", "-fPIC", "-O1", "-Wall", "-Werror", "-o", str(path),
+                  str(Path(__file__).parent / "fake_libcuda.c")], check=True, capture_output=True)
+  return cuda_driver.load_library((str(path),)), ctypes.CDLL(str(path))
+
+
+@needs_nvrtc
+def test_the_device_through_a_c_abi(fake_cuda, c_driver):
+  """Every driver call crosses C as it would into libcuda: outputs through pointers, 64-bit device addresses
+  (above 4 GiB, so a cut one shows), size_t sizes, the kernel parameter array, error names from the driver."""
+  lib, fake = c_driver
+  fake.fake_set(ctypes.c_size_t(1 << 20), 3)
+  device = fake_cuda(lib)
+  assert device.gpu_name == "Fake C GPU" and device.arch == "sm_90" and device.max_grid == (2**31 - 1, 65535, 65535)
+  assert device.memory_bandwidth() == 2 * 2619e6 * 640
+  data = rng.standard_normal((20, 30)).astype(np.float32)
+  a, b = Tensor(data, device="CUDA"), Tensor(data.T.copy(), device="CUDA")
+  np.testing.assert_array_equal(a.numpy(), data)            # bytes through the C memcpys and back
+  assert a.lazydata.base.realized._memory.pointer > 2**32
+  out = (a @ b).realize()
+  dims, args, name = (ctypes.c_uint * 6)(), (ctypes.c_uint64 * 16)(), ctypes.create_string_buffer(256)
+  assert fake.fake_launch(dims, args, name) == 1
+  kernel = next(iter(device.programs.values()))
+  assert name.value.decode() == kernel.name and tuple(dims) == kernel.blocks + kernel.threads
+  assert list(args[:3]) == [t.lazydata.base.realized._memory.pointer for t in (out, a, b)]
+  assert fake.fake_syncs() >= 1                              # the copy back waited for the stream
+  with pytest.raises(CUDAOutOfMemory, match=r"can't allocate 4194304 bytes \(4.0 MiB\) on Fake C GPU \(\d+ MiB of 1 MiB"):
+    Tensor.empty(1 << 20, device="CUDA").realize()
+  with pytest.raises(CUDAError, match=r"cuModuleLoadData failed: CUDA_ERROR_INVALID_IMAGE \(device kernel image is invalid\)"):
+    device.load(b"not a cubin")
 
 
 def _default_device(**env: str) -> subprocess.CompletedProcess:
