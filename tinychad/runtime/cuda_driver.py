@@ -86,7 +86,7 @@ def load_library(names: tuple[str, ...] = LIBRARY_NAMES) -> ctypes.CDLL:
       fn = getattr(lib, function, None)
       if fn is not None: fn.argtypes, fn.restype = argtypes, c_int
     return lib
-  raise OSError("; ".join(errors))
+  raise OSError(errors[0] if errors else "no library names given")
 
 
 class Driver:
@@ -194,7 +194,7 @@ def _reason(names: tuple[str, ...]) -> str | None:
   try:
     driver = Driver(load_library(names))
   except OSError as error:
-    return f"no NVIDIA driver: {' or '.join(names)} can't be loaded ({error})"
+    return f"no NVIDIA driver ({error})"
   try:
     driver.init()
     count = driver.device_count()
