@@ -37,21 +37,22 @@ def _median_ms(call: Callable[[], object], sync: Callable[[], None], warmup: int
 
 
 class Side:
-  """One library on its GPU: tensors from numpy arrays, the wait for the GPU, a result back as numpy."""
-  def __init__(self, name: str):
+  """One library on its device (the GPU): tensors from numpy arrays, the wait for the device, a result as numpy."""
+  def __init__(self, name: str, device: str):
     self.name = name
     if name == "tinychad":
       from tinychad import Device, Tensor
-      Device.DEFAULT = "CUDA"        # the shared bench builders make their tensors on the default device
-      self.device = Device["CUDA"]
-      self.tensor = lambda a: Tensor(a, device="CUDA").realize()
-      self.sync = self.device.synchronize
+      Device.DEFAULT = device        # the shared bench builders make their tensors on the default device
+      self.device = Device[device]
+      self.tensor = lambda a: Tensor(a, device=device).realize()
+      self.sync = getattr(self.device, "synchronize", lambda: None)    # the CPU devices return when done
       self.numpy = lambda t: t.numpy()
     else:
       import torch
-      torch.set_default_device("cuda")   # likewise for torch's builders
-      self.tensor = lambda a: torch.from_numpy(a).cuda()
-      self.sync = torch.cuda.synchronize
+      where = "cuda" if device == "CUDA" else "cpu"
+      torch.set_default_device(where)   # likewise for torch's builders
+      self.tensor = lambda a: torch.from_numpy(a).to(where)
+      self.sync = torch.cuda.synchronize if where == "cuda" else (lambda: None)
       self.numpy = lambda t: t.float().cpu().numpy()
 
 
@@ -104,20 +105,24 @@ def main(argv: list[str] | None = None) -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--quick", action="store_true", help="smaller sizes, fewer repeats")
   parser.add_argument("--out", help="also write the table (markdown) to this file")
+  parser.add_argument("--device", default="CUDA", help="another tinychad device (CPU), with torch on the CPU: "
+                      "checks this script where there is no GPU; its numbers say nothing about a GPU")
   args = parser.parse_args(argv)
   from tinychad.runtime.cuda_driver import unavailable_reason
-  if (reason := unavailable_reason()) is not None: sys.exit(f"bench/gpu.py: tinychad's CUDA device can't run here: {reason}")
-  sides = {"tinychad": Side("tinychad")}
+  if args.device.upper() == "CUDA" and (reason := unavailable_reason()) is not None:
+    sys.exit(f"bench/gpu.py: tinychad's CUDA device can't run here: {reason}")
+  sides = {"tinychad": Side("tinychad", args.device.upper())}
   try:
     import torch
-    if torch.cuda.is_available(): sides["torch"] = Side("torch")
+    if torch.cuda.is_available() or args.device.upper() != "CUDA": sides["torch"] = Side("torch", args.device.upper())
   except ImportError:
     pass
   device = sides["tinychad"].device
-  peak = device.memory_bandwidth()
+  peak = device.memory_bandwidth() if hasattr(device, "memory_bandwidth") else None
   warmup, repeats = (2, 3) if args.quick else (2, 10)
   n, size, rows, cols = (1024, 1 << 22, 1024, 1024) if args.quick else (4096, 1 << 26, 8192, 4096)
-  lines = ["| row | unit | tinychad CUDA | torch CUDA | tinychad speed / torch's | tinychad % of peak | max abs diff |",
+  where = args.device.upper()
+  lines = [f"| row | unit | tinychad {where} | torch {where} | tinychad speed / torch's | tinychad % of peak | max abs diff |",
            "| --- | --- | --- | --- | --- | --- | --- |"]
   for name, unit, work, build, arrays, moved in _simple_rows(n, size, rows, cols):
     speed, outputs = {}, {}
@@ -143,9 +148,11 @@ def main(argv: list[str] | None = None) -> None:
     ratio = f"{ms['torch'] / ms['tinychad']:.2f}x" if "tinychad" in ms and "torch" in ms else "-"
     lines.append(f"| {name} | ms | {ms['tinychad cell']} | {ms.get('torch cell', 'no torch CUDA')} | {ratio} | - | - |")
   import tinychad.runtime.nvrtc as nvrtc
-  notes = [f"GPU: {device.gpu_name} (sm_{device.capability}), driver CUDA {device.driver.version() / 1000:.1f}, "
-           f"NVRTC {'.'.join(map(str, nvrtc.nvrtc_version()))} ({device.kind} for {device.arch}); peak memory bandwidth "
-           f"{peak / 1e9:.0f} GB/s from the driver's memory clock and bus width" if peak else "peak bandwidth unknown",
+  gpu = f"GPU: {device.gpu_name} (sm_{device.capability}), driver CUDA {device.driver.version() / 1000:.1f}, " \
+        f"NVRTC {'.'.join(map(str, nvrtc.nvrtc_version()))} ({device.kind} for {device.arch})" if where == "CUDA" else \
+        f"no GPU: tinychad {where} and torch on the CPU (a check of this script)"
+  notes = [gpu + (f"; peak memory bandwidth {peak / 1e9:.0f} GB/s from the driver's memory clock and bus width" if peak
+                  else "; peak memory bandwidth unknown"),
            "GFLOP/s, GB/s: higher is better; ms: lower is better. tinychad speed / torch's: torch's time over "
            "tinychad's (> 1x: tinychad is faster; the targets: matmul >= 0.7x, training steps >= 0.5x).",
            f"Medians of {repeats} timed calls after {warmup} warm-up calls, each call followed by a wait for the GPU"

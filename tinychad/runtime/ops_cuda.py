@@ -179,7 +179,9 @@ class CUDADevice(Compiled):
   def renderer(programs: list, symbols: list[str]) -> str: return render_gpu_library(programs, symbols, "CUDA")
 
   def identity(self, source: str = "", contract: bool = False) -> str:
-    return f"NVRTC {self.nvrtc[0]}.{self.nvrtc[1]} {self.arch} {' '.join(OPTIONS)}"
+    # the GPU's name too: a loaded module is kept per process under the binary's key (runtime/cache.py's memoize)
+    # and belongs to one device's context, and tests run fake devices beside a real one
+    return f"NVRTC {self.nvrtc[0]}.{self.nvrtc[1]} {self.arch} {' '.join(OPTIONS)} {self.gpu_name}"
 
   def compile(self, source: str, name: str, contract: bool = False) -> bytes:
     # warnings don't stop a build here: test/test_opencl.py fails on any, for every kernel of the op suite
