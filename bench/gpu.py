@@ -94,6 +94,14 @@ def _model_rows(quick: bool) -> list[tuple]:
           ("gpt train step (bench/models.py)", gpt_train)]
 
 
+def _describe(device, where: str) -> str:
+  if where != "CUDA": return f"no GPU: tinychad {where} and torch on the CPU (a check of this script)"
+  from tinychad.runtime.nvrtc import nvrtc_version
+  sms = device.driver.attribute("multiprocessors", device.ordinal)
+  return (f"GPU: {device.gpu_name} (sm_{device.capability}, {sms} SMs), driver CUDA {device.driver.version() / 1000:.1f}, "
+          f"NVRTC {'.'.join(map(str, nvrtc_version()))} ({device.kind} for {device.arch})")
+
+
 def _cell(fn: Callable[[], str]) -> str:
   try:
     return fn()
@@ -147,12 +155,9 @@ def main(argv: list[str] | None = None) -> None:
       ms[lib + " cell"] = _cell(measure)
     ratio = f"{ms['torch'] / ms['tinychad']:.2f}x" if "tinychad" in ms and "torch" in ms else "-"
     lines.append(f"| {name} | ms | {ms['tinychad cell']} | {ms.get('torch cell', 'no torch CUDA')} | {ratio} | - | - |")
-  import tinychad.runtime.nvrtc as nvrtc
-  gpu = f"GPU: {device.gpu_name} (sm_{device.capability}), driver CUDA {device.driver.version() / 1000:.1f}, " \
-        f"NVRTC {'.'.join(map(str, nvrtc.nvrtc_version()))} ({device.kind} for {device.arch})" if where == "CUDA" else \
-        f"no GPU: tinychad {where} and torch on the CPU (a check of this script)"
-  notes = [gpu + (f"; peak memory bandwidth {peak / 1e9:.0f} GB/s from the driver's memory clock and bus width" if peak
-                  else "; peak memory bandwidth unknown"),
+  bandwidth = f"peak memory bandwidth {peak / 1e9:.0f} GB/s (the driver's memory clock and bus width)" if peak else \
+    "peak memory bandwidth unknown"
+  notes = [f"{_describe(device, where)}; {bandwidth}",
            "GFLOP/s, GB/s: higher is better; ms: lower is better. tinychad speed / torch's: torch's time over "
            "tinychad's (> 1x: tinychad is faster; the targets: matmul >= 0.7x, training steps >= 0.5x).",
            f"Medians of {repeats} timed calls after {warmup} warm-up calls, each call followed by a wait for the GPU"

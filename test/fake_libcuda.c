@@ -34,6 +34,7 @@ CUresult cuDeviceGetAttribute(int* value, int attribute, int device) {
   switch (attribute) {
     case 5: *value = 2147483647; break;
     case 6: case 7: *value = 65535; break;
+    case 16: *value = 132; break;
     case 36: *value = 2619000; break;
     case 37: *value = 5120; break;
     case 75: *value = 9; break;
@@ -42,7 +43,6 @@ CUresult cuDeviceGetAttribute(int* value, int attribute, int device) {
   }
   return device ? 101 : 0;
 }
-CUresult cuDeviceTotalMem_v2(size_t* bytes, int device) { *bytes = capacity; return 0; }
 CUresult cuDevicePrimaryCtxRetain(void** context, int device) { *context = CONTEXT; return 0; }
 CUresult cuCtxSetCurrent(void* context) { return context == CONTEXT ? 0 : 201; }
 CUresult cuStreamCreate(void** stream, unsigned flags) { *stream = STREAM; return flags ? 1 : 0; }
@@ -71,10 +71,6 @@ CUresult cuMemcpyHtoDAsync_v2(uint64_t device, const void* host, size_t bytes, v
 }
 CUresult cuMemcpyDtoHAsync_v2(void* host, uint64_t device, size_t bytes, void* stream) {
   memcpy(host, (const void*)device, bytes);
-  return stream == STREAM ? 0 : 400;
-}
-CUresult cuMemcpyDtoDAsync_v2(uint64_t target, uint64_t source, size_t bytes, void* stream) {
-  memcpy((void*)target, (const void*)source, bytes);
   return stream == STREAM ? 0 : 400;
 }
 CUresult cuModuleLoadData(void** module, const void* image) {

@@ -266,6 +266,9 @@ def test_the_device_through_a_c_abi(fake_cuda, c_driver):
   device = fake_cuda(lib)
   assert device.gpu_name == "Fake C GPU" and device.arch == "sm_90" and device.max_grid == (2**31 - 1, 65535, 65535)
   assert device.memory_bandwidth() == 2 * 2619e6 * 640
+  sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+  from bench.gpu import _describe
+  assert _describe(device, "CUDA").startswith("GPU: Fake C GPU (sm_90, 132 SMs), driver CUDA 13.0, NVRTC ")
   data = rng.standard_normal((20, 30)).astype(np.float32)
   a, b = Tensor(data, device="CUDA"), Tensor(data.T.copy(), device="CUDA")
   np.testing.assert_array_equal(a.numpy(), data)            # bytes through the C memcpys and back

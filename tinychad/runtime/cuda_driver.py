@@ -38,20 +38,19 @@ _INIT_MEANS = {NO_DEVICE: "no CUDA GPU is visible to this process",
                803: "the NVIDIA driver library and kernel module have different versions (reboot or reinstall)",
                804: "this GPU doesn't support the forward-compatibility driver that was loaded"}
 # cuDeviceGetAttribute's attribute numbers (cuda.h's CUdevice_attribute)
-ATTRIBUTES = {"max_threads_per_block": 1, "max_grid_x": 5, "max_grid_y": 6, "max_grid_z": 7, "multiprocessors": 16,
-              "memory_clock_khz": 36, "memory_bus_bits": 37, "l2_bytes": 38, "cc_major": 75, "cc_minor": 76}
+ATTRIBUTES = {"max_grid_x": 5, "max_grid_y": 6, "max_grid_z": 7, "multiprocessors": 16, "memory_clock_khz": 36,
+              "memory_bus_bits": 37, "cc_major": 75, "cc_minor": 76}
 
 _SIGNATURES = {
   "cuInit": [c_uint], "cuDriverGetVersion": [POINTER(c_int)], "cuDeviceGetCount": [POINTER(c_int)],
   "cuDeviceGet": [POINTER(c_int), c_int], "cuDeviceGetName": [c_char_p, c_int, c_int],
-  "cuDeviceGetAttribute": [POINTER(c_int), c_int, c_int], "cuDeviceTotalMem_v2": [POINTER(c_size_t), c_int],
+  "cuDeviceGetAttribute": [POINTER(c_int), c_int, c_int],
   "cuDevicePrimaryCtxRetain": [POINTER(c_void_p), c_int], "cuCtxSetCurrent": [c_void_p],
   "cuStreamCreate": [POINTER(c_void_p), c_uint], "cuStreamSynchronize": [c_void_p],
   "cuMemAlloc_v2": [POINTER(c_uint64), c_size_t], "cuMemFree_v2": [c_uint64],
   "cuMemGetInfo_v2": [POINTER(c_size_t), POINTER(c_size_t)],
   "cuMemcpyHtoDAsync_v2": [c_uint64, c_void_p, c_size_t, c_void_p],
   "cuMemcpyDtoHAsync_v2": [c_void_p, c_uint64, c_size_t, c_void_p],
-  "cuMemcpyDtoDAsync_v2": [c_uint64, c_uint64, c_size_t, c_void_p],
   "cuModuleLoadData": [POINTER(c_void_p), c_char_p], "cuModuleGetFunction": [POINTER(c_void_p), c_void_p, c_char_p],
   "cuLaunchKernel": [c_void_p, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_void_p, POINTER(c_void_p),
                      POINTER(c_void_p)],
@@ -130,11 +129,6 @@ class Driver:
     self.call("cuDeviceGetName", name, len(name), device)
     return name.value.decode(errors="replace")
 
-  def total_memory(self, device: int) -> int:
-    total = c_size_t()
-    self.call("cuDeviceTotalMem_v2", ctypes.byref(total), device)
-    return total.value
-
   def primary_context(self, device: int) -> int:
     context = c_void_p()
     self.call("cuDevicePrimaryCtxRetain", ctypes.byref(context), device)
@@ -169,9 +163,6 @@ class Driver:
 
   def copy_out(self, host: int, pointer: int, nbytes: int, stream: int) -> None:
     self.call("cuMemcpyDtoHAsync_v2", host, pointer, nbytes, stream)
-
-  def copy(self, target: int, source: int, nbytes: int, stream: int) -> None:
-    self.call("cuMemcpyDtoDAsync_v2", target, source, nbytes, stream)
 
   # ---- code ----
   def load_module(self, image: bytes) -> int:
