@@ -199,6 +199,43 @@ def test_every_kernel_builds_to_a_cubin():
   for name, source in _cuda_sources(): assert compile_cubin(source, "sm_90", f"{name}.cu")[:4] == b"\x7fELF"
 
 
+def _attention(device: str, causal: bool, masked: bool):
+  """Flash attention's output and gradients on `device` (every kernel of it: forward, dq, dkv, dmask)."""
+  arrays = [np.random.default_rng(i).standard_normal((2, 3, 37, 16)).astype(np.float32) for i in range(3)]
+  q, k, v = (Tensor(a, device=device, requires_grad=True) for a in arrays)
+  mask = Tensor(np.random.default_rng(3).standard_normal((37, 37)).astype(np.float32), device=device,
+                requires_grad=True) if masked else None
+  out = q.scaled_dot_product_attention(k, v, attn_mask=mask, is_causal=causal)
+  (out * out).sum().backward()
+  return [t.numpy() for t in (out, q.grad, k.grad, v.grad) + ((mask.grad,) if masked else ())]
+
+
+@needs_nvrtc
+def test_attention_kernels_compile_for_cuda():
+  """The flash-attention kernels through the GPU lowering: their CUDA C builds for sm_80 and sm_90 (test_opencl.py's
+  kernel sample has none)."""
+  from tinychad.codegen.gpu import lower_gpu
+  from tinychad.engine.realize import capture
+  from tinychad.renderer.gpu import render_gpu_library
+  from tinychad.runtime.nvrtc import compile_cubin, compile_cuda
+  with capture() as steps:
+    for causal, masked in ((True, False), (False, True)): _attention("NUMPY", causal, masked)
+  items = {(item.ast, item.name): item for item, _ in steps if item is not None and item.ast.op.name == "ATTENTION"}
+  assert {item.ast.arg.mode for item in items.values()} == {"forward", "dq", "dkv", "dmask"}
+  for item in items.values():
+    source = render_gpu_library([lower_gpu(item)], [item.name], "CUDA")
+    compile_cuda(source, "sm_80", f"{item.name}.cu")
+    assert compile_cubin(source, "sm_90", f"{item.name}.cu")[:4] == b"\x7fELF"
+
+
+@pytest.mark.skipif(not Device.available("OPENCL"), reason="no OpenCL platform (apt-get install pocl-opencl-icd)")
+@pytest.mark.parametrize("causal, masked", [(True, False), (False, True)])
+def test_attention_runs_through_the_gpu_lowering(causal, masked):
+  """The same kernels run on OPENCL, the GPU lowering's device that runs everywhere, against the NUMPY reference."""
+  for got, want in zip(_attention("OPENCL", causal, masked), _attention("NUMPY", causal, masked)):
+    np.testing.assert_allclose(got, want, atol=2e-5, rtol=1e-4)
+
+
 def test_the_architecture_nvrtc_compiles_for():
   from tinychad.runtime.ops_cuda import choose_target
   assert choose_target(90, (75, 80, 90, 100)) == ("sm_90", "cubin")
