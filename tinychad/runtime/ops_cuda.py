@@ -16,8 +16,8 @@ Freed memory is kept by byte size for the next buffer of that size (cuMemAlloc a
 cuMemFree waits for the GPU); on an out-of-memory the kept memory goes back to the driver and the
 allocation is tried once more, as PyTorch's caching allocator does.
 STATUS: written without a GPU. It has never run on one: only the CUDA C and its compilation by NVRTC are
-tested on machines without a GPU (test/test_opencl.py), and the driver calls against a fake driver
-(test/test_cuda.py). test/test_cuda.py's GPU tests and the op suite run it where a GPU is present.
+tested on machines without a GPU (test/test_opencl.py, test/test_cuda.py), and the driver calls against fake
+drivers (test/test_cuda.py). test/test_cuda.py's GPU tests and the op suite run it where a GPU is present.
 """
 from __future__ import annotations
 import ctypes
