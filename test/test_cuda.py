@@ -325,6 +325,36 @@ def test_the_device_through_a_c_abi(fake_cuda, c_driver):
     device.load(b"not a cubin")
 
 
+@needs_nvrtc
+def test_a_jitted_training_step_launches_through_the_c_driver(fake_cuda, c_driver):
+  """A TinyJit training step (forward, backward, Adam) on the device: every kernel built, loaded and launched
+  through the C driver; the replays launch the recorded kernels again, the same number each step. (The fake
+  runs no kernel, so the numbers are not checked: the GPU tests do that.)"""
+  lib, fake = c_driver
+  fake.fake_set(ctypes.c_size_t(1 << 26), 1)
+  fake_cuda(lib)
+  w = Tensor(rng.standard_normal((32, 10)).astype(np.float32), device="CUDA", requires_grad=True)
+  opt = Adam([w], lr=1e-3)
+  x, y = Tensor(rng.standard_normal((16, 32)).astype(np.float32), device="CUDA"), Tensor(rng.integers(0, 10, 16), device="CUDA")
+
+  @TinyJit
+  def step(x, y):
+    opt.zero_grad()
+    loss = (x @ w).cross_entropy(y)
+    loss.backward()
+    opt.step()
+    return loss
+
+  counts, last = [], 0
+  buf = (ctypes.c_uint * 6)(), (ctypes.c_uint64 * 16)(), ctypes.create_string_buffer(256)
+  for _ in range(4):
+    step(x, y).realize()
+    launches = fake.fake_launch(*buf)
+    counts.append(launches - last)
+    last = launches
+  assert counts[0] > 3 and counts[2] == counts[3] > 0      # steps 3 and 4 are replays
+
+
 def _default_device(**env: str) -> subprocess.CompletedProcess:
   code = "from tinychad import Device, Tensor; print(Device.DEFAULT); print(Tensor([1.0, 2.0]).sum().item())"
   clean = {k: v for k, v in os.environ.items() if k not in ("DEVICE", "LLVM")}
