@@ -102,7 +102,8 @@ class FakeLib:
 
   def cuLaunchKernel(self, fn, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
     pointers = [ctypes.c_uint64.from_address(params[i]).value for i in range(self.arguments)]
-    self.launches.append(((gx, gy, gz), (bx, by, bz), stream, pointers))
+    # the device passes ready-made ctypes values (c_void_p, c_uint)
+    self.launches.append(((gx.value, gy.value, gz.value), (bx.value, by.value, bz.value), stream.value, pointers))
     return self._call("cuLaunchKernel")
 
 
