@@ -17,12 +17,14 @@ if "TINYCHAD_DATA" not in os.environ and _SHARED_MNIST.exists():
   os.environ["TINYCHAD_DATA"] = str(_SHARED_MNIST)
 
 # OPENCL joins with TEST_OPENCL=1: on PoCL each new kernel costs ~0.3-1 s to build and to compile its work-group
-# function, so the op suite on it takes most of an hour on 2 cores (test/test_opencl.py always runs)
+# function, so the op suite on it takes most of an hour on 2 cores (test/test_opencl.py always runs).
+# CUDA joins wherever a GPU, its driver and NVRTC are there (never on CI: test/test_cuda.py says why not)
 ALL_DEVICES = [name for name in ("NUMPY", "CPU", "LLVM") if Device.available(name)] + \
-  (["OPENCL"] if os.getenv("TEST_OPENCL", "0") != "0" and Device.available("OPENCL") else [])
-# NUMPY has no kernels to optimize: only the CPU compilers run the op suite with NOOPT=1 as well (OPENCL's
-# GPU lowering never uses the CPU's kernel optimizations)
-NOOPT_DEVICES = [f"{name}-NOOPT" for name in ALL_DEVICES if name not in ("NUMPY", "OPENCL")]
+  (["OPENCL"] if os.getenv("TEST_OPENCL", "0") != "0" and Device.available("OPENCL") else []) + \
+  (["CUDA"] if Device.available("CUDA") else [])
+# NUMPY has no kernels to optimize: only the CPU compilers run the op suite with NOOPT=1 as well (the GPU
+# lowering of OPENCL and CUDA never uses the CPU's kernel optimizations)
+NOOPT_DEVICES = [f"{name}-NOOPT" for name in ALL_DEVICES if name not in ("NUMPY", "OPENCL", "CUDA")]
 
 
 @pytest.fixture

@@ -18,7 +18,9 @@ def default_device(**env: str) -> str:
 
 
 def test_default_is_cpu_where_a_compiler_exists():
-  assert default_device() == ("CPU" if Device.available("CPU") else "LLVM" if Device.available("LLVM") else "NUMPY")
+  """The CPU, unless a CUDA GPU can run (test/test_cuda.py tests that choice with and without a GPU)."""
+  assert default_device() == ("CUDA" if Device.available("CUDA") else "CPU" if Device.available("CPU") else
+                              "LLVM" if Device.available("LLVM") else "NUMPY")
 
 
 @pytest.mark.parametrize("env,expected", [({"DEVICE": "NUMPY"}, "NUMPY"), ({"DEVICE": "llvm"}, "LLVM"), ({"LLVM": "1"}, "LLVM"), ({"DEVICE": "CPU"}, "CPU")])

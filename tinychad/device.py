@@ -1,11 +1,14 @@
 """Devices and their memory.
 
-in: a device name ("NUMPY", "CPU", "LLVM", optionally "CPU:0")  ->  out: the device object that runs
-kernels, and Buffers of memory. The CPU devices live on the host, so their Buffer is a 64-byte aligned
-numpy array underneath; a device with memory of its own (DEVICE_MEMORY: OPENCL) hands out its buffers
+in: a device name ("NUMPY", "CPU", "LLVM", "OPENCL", "CUDA", optionally "CPU:0")  ->  out: the device object
+that runs kernels, and Buffers of memory. The CPU devices live on the host, so their Buffer is a 64-byte aligned
+numpy array underneath; a device with memory of its own (DEVICE_MEMORY: OPENCL, CUDA) hands out its buffers
 through its `allocator` (alloc, free, copyin, copyout), and `as_numpy` is then a copy. Each device is
 a declaration in runtime/ (its renderer, compiler and program loader: runtime/compiled.py), imported
 by name on first use; engine/realize.py drives them.
+The default device is CUDA where an NVIDIA driver, a GPU and NVRTC are there (runtime/cuda_driver.py says
+why not, once per process: without a driver that costs one failed dlopen), else the CPU; DEVICE= overrides.
+Asking for CUDA where it can't run raises CUDAUnavailable (a ValueError) saying why.
 """
 from __future__ import annotations
 import ctypes
@@ -73,7 +76,7 @@ def _load_libc():
 _LIBC = _load_libc()
 memory_pool = _MemoryPool()
 # devices whose buffers live in their own memory, through their device object's `allocator`
-DEVICE_MEMORY = frozenset({"OPENCL"})
+DEVICE_MEMORY = frozenset({"OPENCL", "CUDA"})
 
 
 # PyTorch's memory questions (torch.cuda.memory_allocated() and friends), answered for host memory
@@ -91,8 +94,12 @@ def memory_reserved() -> int:
   """PyTorch's meaning: live buffers plus what the pool keeps."""
   return GlobalCounters.mem_used + memory_pool.pooled_bytes
 def empty_cache() -> None:
-  """Give the pool's buffers back, and the C allocator's free memory to the OS (PyTorch's empty_cache())."""
+  """Give the pool's buffers back, and the C allocator's free memory to the OS (PyTorch's empty_cache()); a
+  device with memory of its own that keeps freed blocks (CUDA) gives them back to its driver."""
   memory_pool.empty()
+  for name in DEVICE_MEMORY:
+    device = Device._devices.get(name)
+    if device is not None and hasattr(device.allocator, "empty"): device.allocator.empty()
 
 
 class Buffer:
@@ -107,7 +114,7 @@ class Buffer:
   def __del__(self):
     if self._memory is None or GlobalCounters is None or memory_pool is None: return   # None: the interpreter is shutting down
     GlobalCounters.mem_used -= self.nbytes
-    if self.device in DEVICE_MEMORY: Device[self.device].allocator.free(self._memory)
+    if self.device in DEVICE_MEMORY: self._allocator.free(self._memory)
     else: memory_pool.give(self._memory, self.address)
 
   @property
@@ -115,7 +122,10 @@ class Buffer:
 
   def allocate(self) -> Buffer:
     if self._memory is None:
-      if self.device in DEVICE_MEMORY: self._memory, self.address = Device[self.device].allocator.alloc(self.nbytes), 0
+      if self.device in DEVICE_MEMORY:
+        # the allocator is kept: the buffer goes back to it even if the registry has changed or is gone by then
+        self._allocator = Device[self.device].allocator
+        self._memory, self.address = self._allocator.alloc(self.nbytes), 0
       else: self._memory, self.address = memory_pool.take(self.nbytes)   # address: what kernels are called with
       GlobalCounters.mem_used += self.nbytes
       GlobalCounters.mem_peak = max(GlobalCounters.mem_peak, GlobalCounters.mem_used)
@@ -139,7 +149,7 @@ class Buffer:
 class _DeviceRegistry:
   """`Device["CPU"]` gives the device object; `Device.DEFAULT` is the default device's name."""
   _modules = {"NUMPY": "tinychad.runtime.ops_numpy", "CPU": "tinychad.runtime.ops_cpu", "LLVM": "tinychad.runtime.ops_llvm",
-              "OPENCL": "tinychad.runtime.ops_opencl"}
+              "OPENCL": "tinychad.runtime.ops_opencl", "CUDA": "tinychad.runtime.ops_cuda"}
 
   def __init__(self):
     self._devices: dict = {}
@@ -151,9 +161,9 @@ class _DeviceRegistry:
     base = name.split(":")[0].upper()
     if base in ("CLANG", "C"): base = "CPU"
     if base == "CL": base = "OPENCL"     # tinygrad's name
-    if base == "CUDA":
-      raise ValueError("device CUDA is not available: tinychad renders CUDA C and compile-checks it with NVRTC "
-                       "(tinychad/renderer/gpu.py), but has no CUDA runtime yet; DEVICE=OPENCL runs the same GPU kernels")
+    if base == "CUDA" and (reason := _cuda_unavailable()) is not None:
+      from tinychad.runtime.cuda_driver import CUDAUnavailable
+      raise CUDAUnavailable(f"device CUDA is unavailable: {reason}")
     if base not in _DeviceRegistry._modules:
       raise ValueError(f"unknown device {name!r}; devices are {sorted(_DeviceRegistry._modules)}")
     return base
@@ -177,16 +187,24 @@ class _DeviceRegistry:
   def _pick_default(self) -> str:
     if os.getenv("DEVICE"): return self.canonicalize(os.environ["DEVICE"])
     if os.getenv("LLVM", "0") not in ("0", ""): return "LLVM"
+    if _cuda_unavailable() is None: return "CUDA"
     for name in ("CPU", "LLVM"):
       if name in self._modules and self.available(name): return name
     return "NUMPY"
 
   def available(self, name: str) -> bool:
+    if name == "CUDA": return _cuda_unavailable() is None    # the driver's answer, without the device's imports
     try:
       module = importlib.import_module(self._modules[name])
     except ImportError:
       return False
     return module.device_class().available()
+
+
+def _cuda_unavailable() -> str | None:
+  """Why CUDA can't run in this process, or None (cached: runtime/cuda_driver.py)."""
+  from tinychad.runtime import cuda_driver
+  return cuda_driver.unavailable_reason()
 
 
 Device = _DeviceRegistry()

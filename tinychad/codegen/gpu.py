@@ -27,6 +27,7 @@ from __future__ import annotations
 from tinychad.dtype import VECTOR_DTYPES, dtypes
 from tinychad.helpers import DEBUG, prod
 from tinychad.ops import BinaryOps, LoadOps
+from tinychad.codegen.attention import lower_attention
 from tinychad.codegen.linearize import linearize, opt_inputs
 from tinychad.codegen.opt import SCALAR_ONLY_OPS, Opts
 from tinychad.codegen.scatter import lower_scatter_add
@@ -43,6 +44,8 @@ GROUP_REDUCE_MAX_OUTPUTS = 2048  # more outputs than this keep the device busy o
 def lower_gpu(item) -> Program:
   """The GPU Program of a ScheduleItem's kernel (its `parallel` is the launch geometry)."""
   if item.ast.op is LoadOps.SCATTER_ADD: program = lower_scatter_add(item.ast, item.name)
+  # a flash-attention kernel's loop over tiles of rows becomes the grid; each work-item runs one tile's blocks
+  elif item.ast.op is LoadOps.ATTENTION: program = lower_attention(item.ast, item.name)
   else:
     dims, access, dtypes_used, ops_used = opt_inputs(item.ast)
     order = [d for d, (_, is_reduce) in enumerate(dims) if not is_reduce]

@@ -187,7 +187,9 @@ class GPURenderer:
     if op is UOps.RANGE:
       name, extent = u.arg[0], u.arg[1]
       self.names[id(u)] = [name]
-      return [f"for ({self.type(u.dtype)} {name} = 0; {name} < {extent}; {name}++) {{"]
+      # [lo, hi) when given (flash attention's blocks a causal tile sees), else [0, extent)
+      lo, hi = (self.lane(u.srcs[0], 0), self.lane(u.srcs[1], 0)) if u.srcs else ("0", extent)
+      return [f"for ({self.type(u.dtype)} {name} = {lo}; {name} < {hi}; {name}++) {{"]
     if op in (UOps.ENDRANGE, UOps.ENDIF): return ["}"]
     if op is UOps.IF: return [f"if ({self.lane(u.srcs[0], 0)}) {{"]
     if op is UOps.BARRIER: return [self.d.barrier]
@@ -221,8 +223,10 @@ class GPURenderer:
       ctype = self.d.buffer_types.get(g.dtype, self.type(g.dtype))
       params.append(f"{self.d.global_space}{'' if writable else 'const '}{ctype}* {self.d.restrict} data{number}")
     body, depth = [], 1
+    used = {id(s) for u in self.program.uops for s in u.srcs}
     for u in self.program.uops:
       if u.op in (UOps.DEFINE_GLOBAL, UOps.CONST): continue
+      if u.op is UOps.DEFINE_LOCAL and id(u) not in used: continue     # NVRTC warns on an unused array
       if u.op in (UOps.ENDRANGE, UOps.ENDIF): depth -= 1
       body += ["  " * depth + ln for ln in self.line(u)]
       if u.op in (UOps.RANGE, UOps.IF): depth += 1
