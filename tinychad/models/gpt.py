@@ -221,7 +221,8 @@ class GPT(nn.Module):
     """idx (B, T) -> (B, T + max_new_tokens): each new token drawn from softmax(logits / temperature) over the
     top_k most likely tokens and the smallest set whose probability reaches top_p (Tensor.multinomial), or the
     argmax when greedy (or temperature 0). The prompt fills the KV cache in one pass; each further token is
-    one TinyJit replay (jit=False: the same step built eagerly each time). With a draft_model (batch 1, same
+    one TinyJit replay (jit=False: the same step built eagerly each time). The prompt's pass is a TinyJit too,
+    one per prompt length, replayed from the third generate() with a prompt of that length. With a draft_model (batch 1, same
     vocabulary): speculative decoding, see speculative_generate."""
     if draft_model is not None:
       return speculative_generate(self, draft_model, idx, max_new_tokens, temperature, top_k, top_p, greedy, speculate_k)[0]
@@ -230,10 +231,11 @@ class GPT(nn.Module):
     settings = sampling_settings(temperature, top_k, top_p, greedy, self.config.vocab_size)
     with no_grad():
       self.setup_cache(B, T + max_new_tokens)
-      step = self.decoder(1, "sample", settings)
-      if not jit: step = step.fn
-      # the prompt fills the cache in one pass (its own, un-jitted kernels), and its last logits give token 1
-      token = sample_logits(self(idx, start=_position(0))[0][:, -1, :], **settings).unsqueeze(1).realize()
+      # the prompt fills the cache in one pass and samples token 1 (a TinyJit of its own: a generate() called again
+      # with a prompt of the same length replays it), each further token is one replay of the 1-token step
+      prompt, step = self.decoder(T, "sample", settings), self.decoder(1, "sample", settings)
+      if not jit: prompt, step = prompt.fn, step.fn
+      token = prompt(idx, _position(0))
       out = [token.numpy()]
       for i in range(1, max_new_tokens):
         token = step(token, _position(T + i - 1))
