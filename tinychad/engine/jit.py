@@ -98,7 +98,8 @@ def _scalar_state(roots: list, depth: int = 2) -> tuple:
     seen.add(id(obj))
     # a module's train/eval flags, its submodules' at any depth included: the shallow walk below would miss a
     # dropout three modules down switched by `body.eval()`. nn.Module counts the changes of any module's flag
-    # (mode_version), so one number stands for all the flags, read without walking the model
+    # (mode_version), so one number stands for all the flags, read without walking the model (another model's
+    # eval() records afresh too: rare, and never a stale replay)
     if isinstance(getattr(type(obj), "mode_version", None), int) and hasattr(obj, "_training"):
       found.append(("modules' train/eval flags", type(obj).mode_version))
     if isinstance(obj, (list, tuple)):
