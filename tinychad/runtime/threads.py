@@ -16,7 +16,8 @@ up the whole kernel. Workers spin for SPIN_NS after a kernel, so the next kernel
 step starts at once, then sleep on a condition variable.
 Kernels with less than MIN_PARALLEL_WORK points run on the calling thread: even a spinning worker
 costs a cache-line round trip, more than a tiny kernel takes. `THREADS` sets the thread count
-(default: all cores).
+(default: all cores). A KernelList (TinyJit's replay) runs many kernels in one call (tc_run_list), each
+on the calling thread or the pool by the same rule.
 """
 from __future__ import annotations
 import ctypes
