@@ -228,6 +228,20 @@ def test_decoding_under_tinyjit_builds_nothing_after_warm_up():
   assert step.recording is not None and step.calls == 2
 
 
+def test_a_third_generate_schedules_and_builds_nothing():
+  """generate() under TinyJit: the prompt's pass and the 1-token step are each a TinyJit, so from the third call
+  with the same prompt length and sampling settings every kernel is a replay, the prompt's included."""
+  model, _ = twins()
+  idx, _ = batch(B=1, T=5)
+  want = greedy_without_cache(model, idx, 10)
+  for _ in range(2): np.testing.assert_array_equal(model.generate(Tensor(idx), 10, greedy=True).numpy(), want)
+  programs = {name: len(Device[name].programs) for name in ("CPU", "LLVM") if Device.available(name)}
+  GlobalCounters.reset()
+  np.testing.assert_array_equal(model.generate(Tensor(idx), 10, greedy=True).numpy(), want)
+  assert GlobalCounters.kernel_count == 0
+  assert programs == {name: len(Device[name].programs) for name in programs}
+
+
 def test_sampling_follows_temperature_top_k_and_top_p():
   logits = Tensor([[2.0, 1.0, 0.5, 0.0, -1.0, 3.0]])
   p = probabilities(logits, temperature=0.5).numpy()[0]

@@ -187,3 +187,90 @@ def test_replayed_named_step_trains_like_plain_python(name):
   plain = [plain_fn.fn(x, y).item() for _ in range(6)]
   np.testing.assert_allclose(jitted, plain, rtol=1e-6)
   np.testing.assert_allclose(namespace["l1"].weight.numpy(), plain_namespace["l1"].weight.numpy(), rtol=1e-6)
+
+
+def test_train_called_before_every_step_still_replays():
+  from tinychad import nn
+  net, x = nn.Sequential(nn.Linear(8, 8), nn.Dropout(0.5)), Tensor.randn(4, 8).realize()
+  calls = itertools.count()
+
+  @TinyJit
+  def forward(t):
+    next(calls)
+    return net(t).realize()
+
+  try:
+    for _ in range(5):
+      net.train()          # the common loop: flags set again, unchanged, each step
+      forward(x)
+    assert next(calls) == 2
+    net[1].training = False   # a flag changed through the property: recorded afresh, without dropout
+    np.testing.assert_allclose(forward(x).numpy(), net[0](x).numpy(), rtol=1e-6)
+  finally:
+    Tensor.training = False
+
+
+def native_replay() -> bool:
+  """Whether replays on the default device run as KernelLists (a compiled CPU device and a C compiler for the pool)."""
+  from tinychad import Device
+  from tinychad.runtime.compiled import Compiled
+  from tinychad.runtime.threads import KernelList
+  device = Device[Device.DEFAULT]
+  return isinstance(device, Compiled) and type(device).run is Compiled.run and KernelList.available(2)
+
+
+def matmul_chain(a, b):
+  # kernels big enough to be spread over threads (a 96x96x96 matmul) and tiny ones, one after another
+  return ((a @ b).relu() @ b + 1).sum(0)
+
+
+def expected_chain(a, b): return (np.maximum(a @ b, 0) @ b + 1).sum(0)
+
+
+@pytest.mark.parametrize("threads", ["1", "2"])
+def test_replay_runs_its_kernels_in_one_native_call(monkeypatch, threads):
+  from tinychad.engine import jit, realize
+  from tinychad.runtime.threads import KernelList
+  monkeypatch.setenv("THREADS", threads)
+  forward = TinyJit(matmul_chain)
+  for _ in range(3): forward(Tensor.randn(96, 96), Tensor.randn(96, 96))
+  if not native_replay(): pytest.skip("replays run kernel by kernel here (no C compiler, or not a CPU device)")
+  plan = forward.recording.plan
+  assert len(plan) == 1 and isinstance(plan[0][0], KernelList) and plan[0][0].count == len(forward.recording.steps) >= 3
+  # a replay runs no kernel through Python
+  monkeypatch.setattr(jit, "run_kernel", None)
+  monkeypatch.setattr(realize, "run_kernel", None)
+  for _ in range(3):
+    a, b = Tensor.randn(96, 96), Tensor.randn(96, 96)
+    np.testing.assert_allclose(forward(a, b).numpy(), expected_chain(a.numpy(), b.numpy()), rtol=1e-4, atol=1e-3)
+
+
+def test_replay_without_the_pool_and_with_debug_gives_the_same(monkeypatch, capsys):
+  from tinychad.runtime.threads import KernelList
+  forward = TinyJit(matmul_chain)
+  a, b = Tensor.randn(96, 96).realize(), Tensor.randn(96, 96).realize()
+  for _ in range(3): forward(a, b)
+  expected = forward(a, b).numpy()
+  monkeypatch.setattr(KernelList, "run", lambda self: False)    # the pool could not start its threads
+  np.testing.assert_array_equal(forward(a, b).numpy(), expected)
+  monkeypatch.setenv("DEBUG", "2")                               # the kernel by kernel path, timed
+  np.testing.assert_array_equal(forward(a, b).numpy(), expected)
+  assert capsys.readouterr().out.count("  replay ") == len(forward.recording.steps)
+
+
+def test_a_host_step_between_kernels_runs_in_its_place():
+  from tinychad.engine.realize import run_on_host
+  from tinychad.runtime.threads import KernelList
+
+  def triple(bufs): np.multiply(bufs[0].as_numpy(), 3, out=bufs[0].as_numpy())
+
+  @TinyJit
+  def forward(a):
+    b = (a * 2).realize()
+    run_on_host("triple", triple, [b.lazydata.base.realized])
+    return (b + 1).realize()
+
+  for _ in range(4):
+    a = Tensor.randn(5)
+    np.testing.assert_allclose(forward(a).numpy(), a.numpy() * 6 + 1, rtol=1e-6)
+  if native_replay(): assert [type(k) for k, _ in forward.recording.plan] == [KernelList, type(None), KernelList]

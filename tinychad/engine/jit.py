@@ -4,6 +4,9 @@ in: a function of Tensors that returns Tensors (a training step, a model forward
 out: the same function, faster. Call 1 runs normally (compiles kernels); call 2 runs normally while
 recording every kernel and the buffers it touched; later calls with the same input shapes and dtypes
 replay the recording with the new inputs' buffers, skipping the Tensor, autograd and scheduler layers.
+A replay runs each stretch of consecutive CPU kernels as one native call (runtime/threads.py KernelList: the
+kernels' addresses and arguments in C arrays made on the first replay; each replay writes only the arguments
+whose buffers are new), so a kernel's launch costs ~0.1 us instead of a Python call's ~4 us.
 
 Tensors are whatever has a `.lazydata` (this module sits below the front end and never imports
 Tensor): outputs are rebuilt with the class of the tensors the function returned. Tensor.assign and
@@ -22,11 +25,13 @@ import time
 import types
 import weakref
 from typing import Any, Callable
-from tinychad.device import Buffer
-from tinychad.engine.realize import HostCall, capture, realize, run_kernel
+from tinychad.device import Buffer, Device
+from tinychad.engine.realize import HostCall, capture, loaded_program, realize, run_kernel
 from tinychad.helpers import DEBUG
 from tinychad.lazy import LazyBuffer
 from tinychad.ops import LoadOps
+from tinychad.runtime.compiled import Compiled
+from tinychad.runtime.threads import KernelList
 from tinychad.view import ShapeTracker
 
 
@@ -43,6 +48,8 @@ class _Recording:
     self.structure: Any = None                            # what the function returned, to rebuild on replay
     self.external: set[int] = set()                       # buffers read but not written by the recording
     self.rebound: dict[int, Any] = {}                     # external buffer -> tensor assigned since, outside
+    self.plan: list | None = None                         # the steps made ready to replay (see _plan)
+    self.slots: dict[int, list[tuple[KernelList, int]]] = {}   # buffer -> where the plan's KernelLists take it
 
 
 _active: _Recording | None = None
@@ -89,10 +96,12 @@ def _scalar_state(roots: list, depth: int = 2) -> tuple:
     # that calls `opt.step()` finds itself under the global name `step`, and must still replay
     if isinstance(obj, (LazyBuffer, Buffer, types.ModuleType, type, types.FunctionType, TinyJit)): return
     seen.add(id(obj))
-    # a module's train/eval flags, its submodules' at any depth included (nn.Module: modules() and _training);
-    # the shallow walk below would miss a dropout three modules down switched by `body.eval()`
-    if callable(getattr(obj, "modules", None)) and hasattr(obj, "_training"):
-      found.append((f"{path}.modules()", tuple(getattr(m, "_training", None) for m in obj.modules())))
+    # a module's train/eval flags, its submodules' at any depth included: the shallow walk below would miss a
+    # dropout three modules down switched by `body.eval()`. nn.Module counts the changes of any module's flag
+    # (mode_version), so one number stands for all the flags, read without walking the model (another model's
+    # eval() records afresh too: rare, and never a stale replay)
+    if isinstance(getattr(type(obj), "mode_version", None), int) and hasattr(obj, "_training"):
+      found.append(("modules' train/eval flags", type(obj).mode_version))
     if isinstance(obj, (list, tuple)):
       for i, item in enumerate(obj[:64]): visit(item, f"{path}[{i}]", level - 1)
     elif isinstance(obj, dict):
@@ -195,22 +204,61 @@ class TinyJit:
     for _, after, _, _ in rec.assigned_after: fresh[id(after)] = Buffer(after.device, after.size, after.dtype).allocate()
     swap.update(fresh)
     for buf, redraw in rec.random: swap[id(buf)] = Buffer(buf.device, buf.size, buf.dtype).copyin(redraw())
-    debug = DEBUG()
-    for item, bufs in rec.steps:
-      mapped = [swap.get(id(b), b) for b in bufs]
-      if item is None:
-        mapped[0].copyin(mapped[1].as_numpy())
-        continue
-      if isinstance(item, HostCall):
-        item.fn(mapped)
-        continue
-      start = time.perf_counter() if debug >= 2 else 0.0
-      run_kernel(item, mapped)
-      if debug >= 2: print(f"  replay {item.name:30s} {item.output.device:6s} {(time.perf_counter() - start) * 1e6:9.1f} us")
+    if DEBUG() >= 2: _run_steps(rec.steps, swap, timed=True)
+    else:
+      if rec.plan is None: rec.plan, rec.slots = _plan(rec.steps)
+      for old_id, buf in swap.items():
+        for kernels, slot in rec.slots.get(old_id, ()): kernels.args[slot] = buf.allocate().address
+      for kernels, steps in rec.plan:
+        if kernels is None or not kernels.run(): _run_steps(steps, swap)
     for tensor, after, base_shape, st in rec.assigned_after:
       tensor.lazydata = _wrap(swap[id(after)], base_shape, st)
     outs = [cls.from_lazy(_wrap(swap[id(buf)], base_shape, st), None) for cls, buf, base_shape, st in rec.outputs]
     return _rebuild(rec.structure, iter(outs))
+
+
+def _plan(steps: list) -> tuple[list, dict[int, list[tuple[KernelList, int]]]]:
+  """The recorded steps as a replay runs them, in order, as (KernelList or None, steps): each run of consecutive
+  kernels of a compiled CPU device as one KernelList (one native call for all of them), the other steps (copies,
+  host steps, other devices' kernels) with None, to run one by one; and, for each buffer, the KernelList
+  argument slots that take it, where a replay writes its new one."""
+  plan: list[tuple[KernelList | None, list]] = []
+  slots: dict[int, list[tuple[KernelList, int]]] = {}
+  pending: list[tuple[Any, list[Buffer], Any]] = []
+
+  def close_list() -> None:
+    if not pending: return
+    kernels = KernelList([(k.address, [b.allocate().address for b in bufs], k.parallel, item.points) for item, bufs, k in pending])
+    for (_, bufs, _), start in zip(pending, kernels.starts):
+      for i, b in enumerate(bufs): slots.setdefault(id(b), []).append((kernels, start + i))
+    plan.append((kernels, [(item, bufs) for item, bufs, _ in pending]))   # the steps: if the pool can't start
+    pending.clear()
+
+  for item, bufs in steps:
+    device = None if item is None or isinstance(item, HostCall) else Device[item.output.device]
+    # a device that runs kernels as Compiled.run does (the native thread pool over the kernel's address)
+    if isinstance(device, Compiled) and type(device).run is Compiled.run and KernelList.available(len(bufs)):
+      pending.append((item, bufs, loaded_program(item)))
+      continue
+    close_list()
+    plan.append((None, [(item, bufs)]))
+  close_list()
+  return plan, slots
+
+
+def _run_steps(steps: list, swap: dict[int, Buffer], timed: bool = False) -> None:
+  """Recorded steps one by one on the replay's buffers (DEBUG>=2 prints each kernel's time)."""
+  for item, bufs in steps:
+    mapped = [swap.get(id(b), b) for b in bufs]
+    if item is None:
+      mapped[0].copyin(mapped[1].as_numpy())
+      continue
+    if isinstance(item, HostCall):
+      item.fn(mapped)
+      continue
+    start = time.perf_counter()
+    run_kernel(item, mapped)
+    if timed: print(f"  replay {item.name:30s} {item.output.device:6s} {(time.perf_counter() - start) * 1e6:9.1f} us")
 
 
 def _cell_filled(cell) -> bool:

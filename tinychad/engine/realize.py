@@ -119,14 +119,19 @@ def run_schedule(items: list[ScheduleItem]) -> None:
     print(f"realize: {len(items)} items, {kernels} kernels, {elapsed*1e3:.2f} ms{compiling}")
 
 
-def run_kernel(item: ScheduleItem, bufs: list[Buffer]) -> None:
-  """One kernel on the buffers given (TinyJit's replay), built first if its device hasn't loaded it."""
-  device = Device[item.output.device]
-  program = device.programs.get((item.ast, item.name))
+def loaded_program(item: ScheduleItem):
+  """The program its device runs for `item` (a Kernel on compiled devices), built first if not loaded yet."""
+  programs = Device[item.output.device].programs
+  program = programs.get((item.ast, item.name))
   if program is None:
     build([item])
-    program = device.programs[(item.ast, item.name)]
-  device.run(program, bufs, item.points)
+    program = programs[(item.ast, item.name)]
+  return program
+
+
+def run_kernel(item: ScheduleItem, bufs: list[Buffer]) -> None:
+  """One kernel on the buffers given (TinyJit's replay), built first if its device hasn't loaded it."""
+  Device[item.output.device].run(loaded_program(item), bufs, item.points)
 
 
 def _print_kernel(item: ScheduleItem, run_s: float, compile_s: float | None) -> None:

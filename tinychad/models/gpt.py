@@ -10,8 +10,9 @@ mlp.c_proj / ln_f, lm_head tied to wte), so its state dicts load as they are; GP
 Hugging Face GPT-2 files, whose Conv1D matrices are stored (in, out) and are transposed on the way in.
 Positions are a learned table (wpe) or rotary (config.rotary: nn.RotaryEmbedding on queries and keys).
 
-The KV cache has a fixed size: each attention layer owns keys and values of (B, heads, max_len, head_dim), and a
-forward pass with `start` (an int Tensor, the position of idx[:, 0]) writes its keys and values at
+The KV cache has a fixed size: each attention layer owns keys and values for max_len positions (rounded up to the
+attention kernel's block; keys stored transposed, (B, heads, head_dim, slots), values (B, heads, slots, head_dim),
+the layouts that kernel reads, so attending copies nothing), and a forward pass with `start` (an int Tensor, the position of idx[:, 0]) writes its keys and values at
 start..start+T-1 and attends to the slots at or before each query's position. The position is a Tensor input,
 not a Python number, and the buffers never change shape, so under TinyJit every decoded token replays the same
 kernels: nothing compiles after warm-up. Attending over all max_len slots (masked) costs a little more than
@@ -25,6 +26,8 @@ import numpy as np
 from tinychad import nn
 from tinychad.dtype import dtypes
 from tinychad.engine.jit import TinyJit
+from tinychad.function import ATTENTION_BLOCK_VECTORS
+from tinychad.host import simd_bytes
 from tinychad.nn import functional as F
 from tinychad.nn.state import load_state_dict, safe_load
 from tinychad.tensor import Tensor, no_grad
@@ -70,7 +73,9 @@ class CausalSelfAttention(nn.Module):
     self.resid_dropout = nn.Dropout(config.dropout)
     head_dim = config.n_embd // config.n_head
     self.rotary = nn.RotaryEmbedding(head_dim, config.block_size) if config.rotary else None
-    self._cache: tuple[Tensor, Tensor] | None = None   # (keys, values), each (B, heads, max_len, head_dim)
+    # (keys transposed (B, heads, head_dim, slots), values (B, heads, slots, head_dim)): the layouts the attention
+    # kernel reads, so no token copies the cache to attend over it (see setup_cache)
+    self._cache: tuple[Tensor, Tensor] | None = None
 
   def forward(self, x: Tensor, start: Tensor | None = None) -> Tensor:
     B, T, C = x.shape
@@ -86,17 +91,21 @@ class CausalSelfAttention(nn.Module):
 
   def _cached(self, k: Tensor, v: Tensor, positions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """Write k, v (B, heads, T, head_dim) into the cache at `positions` (T,); return all cached keys and values
-    and the mask (T, max_len) of the slots each query may see (its own position and those before)."""
+    (B, heads, slots, head_dim) and the mask (T, slots) of the slots each query may see (its own position and those
+    before: never the slots past max_len that round the cache up)."""
     if self._cache is None: raise RuntimeError("GPT: call setup_cache(batch, max_len) before a forward with start=")
-    keys, values = self._cache
-    slots = Tensor.arange(keys.shape[2], dtype=dtypes.int64, device=k.device)
-    # one-hot (max_len, T): which new row lands in which slot; slots written by none keep their old contents
+    keys_t, values = self._cache
+    slots = Tensor.arange(values.shape[2], dtype=dtypes.int64, device=k.device)
+    # one-hot (slots, T): which new row lands in which slot; slots written by none keep their old contents
     scatter = slots.unsqueeze(1) == positions.unsqueeze(0)
     written = scatter.any(1, keepdim=True)
     onehot = scatter.cast(k.dtype)
-    keys.assign(written.where(onehot @ k, keys))
+    # the transposed keys blend instead of a WHERE: its condition would vary along the vector lanes, a byte-mask
+    # conversion the C renderer leaves to a scalar loop (20 us against 5 for 4 heads x 64 x 192 slots); exact for
+    # finite keys (the new key plus 0 x old, or 0 plus 1 x old)
+    keys_t.assign(k.transpose(2, 3) @ onehot.T + keys_t * (1 - written.T.cast(k.dtype)))
     values.assign(written.where(onehot @ v, values))
-    return keys, values, slots.unsqueeze(0) <= positions.unsqueeze(1)
+    return keys_t.transpose(2, 3), values, slots.unsqueeze(0) <= positions.unsqueeze(1)
 
 
 class MLP(nn.Module):
@@ -179,11 +188,15 @@ class GPT(nn.Module):
     sizes again keep the tensors (stale slots are masked, then overwritten), so recorded decoders stay valid."""
     if max_len > self.config.block_size:
       raise ValueError(f"GPT.setup_cache: max_len {max_len} is longer than block_size {self.config.block_size}")
-    shape = (batch, self.config.n_head, max_len, self.config.n_embd // self.config.n_head)
+    # slots rounded up to a multiple of the attention kernel's block of keys (function.Attention: SIMD lanes x
+    # ATTENTION_BLOCK_VECTORS), so that it reads the cache as it is: a cache it had to pad would be copied every token
+    align = ATTENTION_BLOCK_VECTORS * max(1, simd_bytes() // dtypes.float32.itemsize)
+    slots, head_dim = -(-max_len // align) * align, self.config.n_embd // self.config.n_head
+    shapes = ((batch, self.config.n_head, head_dim, slots), (batch, self.config.n_head, slots, head_dim))
     for block in self.transformer.h:
       cache = block.attn._cache
-      if cache is None or cache[0].shape != shape:
-        block.attn._cache = (Tensor.zeros(*shape).contiguous().realize(), Tensor.zeros(*shape).contiguous().realize())
+      if cache is None or (cache[0].shape, cache[1].shape) != shapes:
+        block.attn._cache = tuple(Tensor.zeros(*shape).contiguous().realize() for shape in shapes)
         self._decoders.clear()   # their recordings wrote the old tensors
 
   def decoder(self, tokens: int, head: str = "logits", settings: dict | None = None) -> TinyJit:
@@ -208,7 +221,8 @@ class GPT(nn.Module):
     """idx (B, T) -> (B, T + max_new_tokens): each new token drawn from softmax(logits / temperature) over the
     top_k most likely tokens and the smallest set whose probability reaches top_p (Tensor.multinomial), or the
     argmax when greedy (or temperature 0). The prompt fills the KV cache in one pass; each further token is
-    one TinyJit replay (jit=False: the same step built eagerly each time). With a draft_model (batch 1, same
+    one TinyJit replay (jit=False: the same step built eagerly each time). The prompt's pass is a TinyJit too,
+    one per prompt length, replayed from the third generate() with a prompt of that length. With a draft_model (batch 1, same
     vocabulary): speculative decoding, see speculative_generate."""
     if draft_model is not None:
       return speculative_generate(self, draft_model, idx, max_new_tokens, temperature, top_k, top_p, greedy, speculate_k)[0]
@@ -217,10 +231,11 @@ class GPT(nn.Module):
     settings = sampling_settings(temperature, top_k, top_p, greedy, self.config.vocab_size)
     with no_grad():
       self.setup_cache(B, T + max_new_tokens)
-      step = self.decoder(1, "sample", settings)
-      if not jit: step = step.fn
-      # the prompt fills the cache in one pass (its own, un-jitted kernels), and its last logits give token 1
-      token = sample_logits(self(idx, start=_position(0))[0][:, -1, :], **settings).unsqueeze(1).realize()
+      # the prompt fills the cache in one pass and samples token 1 (a TinyJit of its own: a generate() called again
+      # with a prompt of the same length replays it), each further token is one replay of the 1-token step
+      prompt, step = self.decoder(T, "sample", settings), self.decoder(1, "sample", settings)
+      if not jit: prompt, step = prompt.fn, step.fn
+      token = prompt(idx, _position(0))
       out = [token.numpy()]
       for i in range(1, max_new_tokens):
         token = step(token, _position(T + i - 1))

@@ -39,7 +39,19 @@ class Parameter(Tensor):
 
 class Module:
   """Optional base for layers and models; needs no super().__init__() call (the built-in layers make none)."""
-  _training: bool | None = None   # None until a train()/eval() reaches this module: then Tensor.training rules
+  # bumped whenever any module's train/eval flag changes: TinyJit reads this one number on every call instead
+  # of walking the model's modules for their flags (~0.3 ms a call for a 4-layer GPT)
+  mode_version = 0
+
+  @property
+  def _training(self) -> bool | None:
+    """None until a train()/eval() reaches this module: then Tensor.training rules."""
+    return self.__dict__.get("_training_flag")
+
+  @_training.setter
+  def _training(self, mode: bool | None) -> None:
+    if self.__dict__.get("_training_flag") is not mode: Module.mode_version += 1
+    self.__dict__["_training_flag"] = mode
 
   def __call__(self, *args, **kwargs):
     forward = getattr(type(self), "forward", None)

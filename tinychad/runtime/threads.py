@@ -16,7 +16,8 @@ up the whole kernel. Workers spin for SPIN_NS after a kernel, so the next kernel
 step starts at once, then sleep on a condition variable.
 Kernels with less than MIN_PARALLEL_WORK points run on the calling thread: even a spinning worker
 costs a cache-line round trip, more than a tiny kernel takes. `THREADS` sets the thread count
-(default: all cores).
+(default: all cores). A KernelList (TinyJit's replay) runs many kernels in one call (tc_run_list), each
+on the calling thread or the pool by the same rule.
 """
 from __future__ import annotations
 import ctypes
@@ -125,10 +126,7 @@ static void forget_workers(void) {
   pthread_mutex_init(&one_job, 0);
 }
 
-// fn(args..., start, end) over [0, extent) in `chunks` pieces on `parts` threads (this one included);
-// returns when all are done
-int tc_run(void* fn, void** args, int nargs, long long extent, int parts, int chunks) {
-  pthread_mutex_lock(&one_job);
+static int start_workers(int parts) {
   if (!fork_handler_set) fork_handler_set = pthread_atfork(0, 0, forget_workers) == 0;
   while (workers < parts - 1) {
     pthread_t t;
@@ -140,10 +138,15 @@ int tc_run(void* fn, void** args, int nargs, long long extent, int parts, int ch
     pthread_attr_setstacksize(&attr, %STACK_BYTES%);
     int failed = pthread_create(&t, &attr, worker, (void*)(long)(workers + 1));
     pthread_attr_destroy(&attr);
-    if (failed) { pthread_mutex_unlock(&one_job); return -1; }
+    if (failed) return -1;
     pthread_detach(t);
     workers++;
   }
+  return 0;
+}
+
+// one job on `parts` threads (workers started, one_job held); returns when all are done
+static void run_job(void* fn, void** args, int nargs, long long extent, int parts, int chunks) {
   job_fn = fn; job_args = args; job_nargs = nargs; job_extent = extent; job_parts = parts; job_chunks = chunks;
   atomic_store(&done, 0);
   for (int i = 0; i < parts; i++) atomic_store(&taken[i], 0);
@@ -154,6 +157,31 @@ int tc_run(void* fn, void** args, int nargs, long long extent, int parts, int ch
   run_chunks(0);
   // every worker checks in, idle ones too, so none can still be reading this job when the next is set
   while (atomic_load_explicit(&done, memory_order_acquire) < workers) relax();
+}
+
+// fn(args..., start, end) over [0, extent) in `chunks` pieces on `parts` threads (this one included);
+// returns when all are done
+int tc_run(void* fn, void** args, int nargs, long long extent, int parts, int chunks) {
+  pthread_mutex_lock(&one_job);
+  int failed = start_workers(parts);
+  if (!failed) run_job(fn, args, nargs, extent, parts, chunks);
+  pthread_mutex_unlock(&one_job);
+  return failed ? -1 : 0;
+}
+
+// n kernels in order (a TinyJit replay): kernel i is fns[i] on args[offsets[i]], ..., args[offsets[i + 1] - 1]
+// over [0, extents[i]); a `wide` one on min(threads, extent) threads as tc_run does, the others on this thread
+int tc_run_list(int n, void** fns, void** args, int* offsets, long long* extents, unsigned char* wide, int threads,
+                int chunks_per_thread) {
+  pthread_mutex_lock(&one_job);
+  if (start_workers(threads)) { pthread_mutex_unlock(&one_job); return -1; }
+  for (int i = 0; i < n; i++) {
+    long long extent = extents[i];
+    int nargs = offsets[i + 1] - offsets[i], parts = wide[i] ? (extent < threads ? (int)extent : threads) : 1;
+    if (parts <= 1) call(fns[i], args + offsets[i], nargs, 0, extent > 1 ? extent : 1);
+    else run_job(fns[i], args + offsets[i], nargs, extent, parts,
+                 extent < (long long)parts * chunks_per_thread ? (int)extent : parts * chunks_per_thread);
+  }
   pthread_mutex_unlock(&one_job);
   return 0;
 }
@@ -173,15 +201,62 @@ def thread_count() -> int:
 
 
 @functools.lru_cache(maxsize=None)
-def _native_pool() -> Callable | None:
-  """tc_run from POOL_SOURCE, or None when there is no working C compiler."""
+def _native_library() -> ctypes.CDLL | None:
+  """POOL_SOURCE compiled and loaded, or None when there is no working C compiler."""
   try:
-    run = compile_c(POOL_SOURCE, "thread pool").tc_run
+    return compile_c(POOL_SOURCE, "thread pool")
   except (CompileError, OSError):
     return None
+
+
+@functools.lru_cache(maxsize=None)
+def _native_pool() -> Callable | None:
+  """tc_run from POOL_SOURCE, or None when there is no working C compiler."""
+  if (library := _native_library()) is None: return None
+  run = library.tc_run
   run.restype = ctypes.c_int
   run.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p), ctypes.c_int, ctypes.c_int64, ctypes.c_int, ctypes.c_int]
   return run
+
+
+@functools.lru_cache(maxsize=None)
+def _native_list() -> Callable | None:
+  """tc_run_list from POOL_SOURCE, or None when there is no working C compiler."""
+  if (library := _native_library()) is None: return None
+  run = library.tc_run_list
+  run.restype = ctypes.c_int
+  run.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                  ctypes.c_int, ctypes.c_int]
+  return run
+
+
+class KernelList:
+  """Kernels run in order by one native call (tc_run_list): a TinyJit replay's launches cost ~0.1 us each
+  instead of the ~4 us of a Python call per kernel (argument list, thread decision, ctypes). Each kernel is
+  (its machine code address, its arguments (buffer addresses), its parallel loop's extent, its points of work),
+  put in C arrays once; `args[slot] = address` changes one argument in place (a buffer new on every replay).
+  The thread count is read at each run, and a kernel is spread over threads as run_parallel would."""
+  def __init__(self, kernels: list[tuple[int, list[int], int, int]]):
+    flat = [a for _, args, _, _ in kernels for a in args]
+    self.count = len(kernels)
+    self.fns = (ctypes.c_void_p * len(kernels))(*[address for address, _, _, _ in kernels])
+    self.args = (ctypes.c_void_p * max(len(flat), 1))(*flat)
+    ends = [0]
+    for _, args, _, _ in kernels: ends.append(ends[-1] + len(args))
+    self.offsets = (ctypes.c_int * len(ends))(*ends)
+    self.starts = ends[:-1]     # kernel i's first argument slot
+    self.extents = (ctypes.c_int64 * len(kernels))(*[extent for _, _, extent, _ in kernels])
+    self.wide = (ctypes.c_ubyte * len(kernels))(*[work >= MIN_PARALLEL_WORK for _, _, _, work in kernels])
+
+  @staticmethod
+  def available(buffers: int) -> bool:
+    """Whether a kernel of this many buffers can be in a KernelList (a C compiler built the pool)."""
+    return buffers <= POOL_MAX_ARGS and _native_list() is not None
+
+  def run(self) -> bool:
+    """Run them all; False (nothing run) when the pool could not start its threads."""
+    return _native_list()(self.count, self.fns, self.args, self.offsets, self.extents, self.wide, thread_count(),
+                          CHUNKS_PER_THREAD) == 0
 
 
 _pool: ThreadPoolExecutor | None = None
