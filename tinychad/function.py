@@ -8,6 +8,7 @@ makes its result with the inputs' own class (Tensor), and gradients are added up
 from __future__ import annotations
 import itertools
 import math
+import operator
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from tinychad.dtype import dtypes
@@ -19,8 +20,15 @@ from tinychad.ops import AttentionArg, UnaryOps, BinaryOps, TernaryOps, ReduceOp
 
 class Function:
   def __init__(self, *tensors):
-    needs = [t.requires_grad for t in tensors]
-    self.requires_grad = True if True in needs else None if None in needs else False
+    # True if any input requires grad, else None if any might, else False (a loop, not lists: every recorded op runs it)
+    requires_grad = False
+    for t in tensors:
+      needs = t.requires_grad
+      if needs:
+        requires_grad = True
+        break
+      if needs is None: requires_grad = None
+    self.requires_grad = requires_grad
     # None (tinygrad's "not decided") records the graph too: a backward pass that reaches a None leaf gives it a grad
     if self.requires_grad is not False: self.parents = tensors
 
@@ -36,12 +44,15 @@ class Function:
     """forward() on the tensors' LazyBuffers; the result is a tensor of the first input's class (Tensor),
     linked to this node for backward unless gradients are off (Tensor.no_grad)."""
     tensor_type = type(tensors[0])
-    no_grad = tensor_type.no_grad
     ctx = cls(*tensors)
-    result = ctx.forward(*[t.lazydata for t in tensors], **kwargs)
-    out = tensor_type.from_lazy(result, False if no_grad else ctx.requires_grad)
-    if ctx.requires_grad is not False and not no_grad: out._ctx = ctx
+    result = ctx.forward(*map(_lazydata, tensors), **kwargs)
+    if tensor_type.no_grad: return tensor_type.from_lazy(result, False)
+    out = tensor_type.from_lazy(result, ctx.requires_grad)
+    if ctx.requires_grad is not False: out._ctx = ctx
     return out
+
+
+_lazydata = operator.attrgetter("lazydata")
 
 
 def _bool_to(x: LazyBuffer, like: LazyBuffer) -> LazyBuffer: return x.cast(like.dtype)

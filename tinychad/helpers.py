@@ -17,14 +17,11 @@ T = TypeVar("T", bound=Hashable)
 _ENVIRON_BYTES: dict | None = getattr(os.environ, "_data", None) if os.name == "posix" else None
 
 
-def _raw_env(key: str) -> str | None:
-  if _ENVIRON_BYTES is None: return os.getenv(key)
-  value = _ENVIRON_BYTES.get(key.encode())
-  return None if value is None else os.fsdecode(value)
-
-
 def getenv(key: str, default=0):
-  value = _raw_env(key)
+  if _ENVIRON_BYTES is None: value = os.getenv(key)
+  else:
+    value = _ENVIRON_BYTES.get(key.encode())
+    if value is not None: value = os.fsdecode(value)
   if value is None: return default
   return type(default)(value) if not isinstance(default, bool) else value not in ("0", "", "false", "False")
 

@@ -106,7 +106,7 @@ class Tensor:
   # ---- running ----
   def realize(self, *others: Tensor) -> Tensor:
     """Compute this tensor (and `others`) now, in one schedule."""
-    realize([t.lazydata for t in (self,) + others])
+    realize([self.lazydata, *[t.lazydata for t in others]] if others else [self.lazydata])
     return self
 
   def schedule(self) -> list:
@@ -858,13 +858,14 @@ class Tensor:
   def logical_or(self, other) -> Tensor: return self.bool() | (other.bool() if isinstance(other, Tensor) else bool(other))
   def logical_xor(self, other) -> Tensor: return self.bool() ^ (other.bool() if isinstance(other, Tensor) else bool(other))
 
-  def __add__(self, other) -> Tensor: return self.add(other)
+  # the four arithmetic operators are the methods themselves (reverse=False), one Python call less per op
+  __add__ = add
   def __radd__(self, other) -> Tensor: return self.add(other, True)
-  def __sub__(self, other) -> Tensor: return self.sub(other)
+  __sub__ = sub
   def __rsub__(self, other) -> Tensor: return self.sub(other, True)
-  def __mul__(self, other) -> Tensor: return self.mul(other)
+  __mul__ = mul
   def __rmul__(self, other) -> Tensor: return self.mul(other, True)
-  def __truediv__(self, other) -> Tensor: return self.div(other)
+  __truediv__ = div
   def __rtruediv__(self, other) -> Tensor: return self.div(other, True)
   def __floordiv__(self, other) -> Tensor: return self.floor_divide(other)
   def __rfloordiv__(self, other) -> Tensor: return self.floor_divide(other, True)
