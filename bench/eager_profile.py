@@ -10,12 +10,15 @@ each eager (no TinyJit, as a PyTorch user writes them), then under TinyJit:
 Stages (of the fastest of the timed steps, by wrapping the engine's functions, which adds ~0.3 us per
 wrapped call; the stages don't nest except where said):
   graph key     engine/schedule_cache.graph_key (the schedule cache's key)
-  schedule      the rest of create_schedule: a remembered schedule's items, or scheduling anew
+  schedule      the cache lookup, and scheduling anew on a miss (engine/schedule.schedule_graph)
   buffers       Buffer.allocate of new outputs (the memory pool)
-  launch        the device's run (argument list, thread split, the ctypes call, the kernel itself)
-  run rest      run_schedule minus buffers and launch (kernel lookup, counters, capture lists)
+  launch        running a kernel (argument list, thread split, the ctypes call, the kernel itself): Compiled.run,
+                or the call a remembered schedule's prepared launch keeps (Compiled.launcher)
+  run rest      run_schedule or run_launch minus buffers and launch (counters, setting the outputs, capture lists)
   front end     everything else: Tensor ops, autograd Functions, LazyBuffers and views, backward, optimizer
   gc            Python's garbage collector (gc.callbacks), inside whichever stage it interrupted
+The prepared launches are dropped on entering and leaving the instrumented steps, so that those steps run
+launches prepared with the timed calls (their first step takes the long way once per graph).
 """
 from __future__ import annotations
 import argparse
@@ -31,53 +34,66 @@ STAGES = ("graph key", "schedule", "buffers", "launch", "run rest", "front end",
 
 
 class StageClock:
-  """Wraps the engine's stage functions with timers while active; `seconds[stage]` sums them."""
+  """Wraps the engine's stage functions with timers while active; `seconds[stage]` sums them (a call inside
+  another of the same stage, as Compiled.run inside a prepared launch's call, counts once)."""
   def __init__(self):
     import tinychad.engine.realize as realize_mod
-    import tinychad.engine.schedule as schedule_mod
     from tinychad.device import Buffer
     from tinychad.runtime.compiled import Compiled
     self.seconds = dict.fromkeys(STAGES, 0.0)
+    self._depth = dict.fromkeys(STAGES, 0)
     self._gc_start = 0.0
-    self._patches = [(schedule_mod, "graph_key"), (realize_mod, "create_schedule"), (realize_mod, "run_schedule"),
-                     (Buffer, "allocate"), (Compiled, "run")]
+    self._patches = [(realize_mod, "graph_key"), (realize_mod, "lookup"), (realize_mod, "schedule_graph"),
+                     (realize_mod, "run_schedule"), (realize_mod, "run_launch"), (Buffer, "allocate"), (Compiled, "run"),
+                     (Compiled, "launcher")]
     self._saved = [(owner, name, owner.__dict__[name]) for owner, name in self._patches]
 
   def _timed(self, fn: Callable, stage: str) -> Callable:
-    seconds = self.seconds
+    seconds, depth = self.seconds, self._depth
     def timed(*args, **kwargs):
+      depth[stage] += 1
       start = time.perf_counter()
       try:
         return fn(*args, **kwargs)
       finally:
-        seconds[stage] += time.perf_counter() - start
+        depth[stage] -= 1
+        if not depth[stage]: seconds[stage] += time.perf_counter() - start
     return timed
 
   def _gc(self, phase: str, info: dict) -> None:
     if phase == "start": self._gc_start = time.perf_counter()
     else: self.seconds["gc"] += time.perf_counter() - self._gc_start
 
+  @staticmethod
+  def _drop_launches() -> None:
+    from tinychad.engine import schedule_cache
+    for template in schedule_cache._templates.values(): template.launch = None
+
   def __enter__(self) -> StageClock:
     import tinychad.engine.realize as realize_mod
-    import tinychad.engine.schedule as schedule_mod
     from tinychad.device import Buffer
     from tinychad.runtime.compiled import Compiled
-    schedule_mod.graph_key = self._timed(schedule_mod.graph_key, "graph key")
-    realize_mod.create_schedule = self._timed(realize_mod.create_schedule, "schedule")
+    realize_mod.graph_key = self._timed(realize_mod.graph_key, "graph key")
+    realize_mod.lookup = self._timed(realize_mod.lookup, "schedule")
+    realize_mod.schedule_graph = self._timed(realize_mod.schedule_graph, "schedule")
     realize_mod.run_schedule = self._timed(realize_mod.run_schedule, "run rest")
+    realize_mod.run_launch = self._timed(realize_mod.run_launch, "run rest")
     Buffer.allocate = self._timed(Buffer.allocate, "buffers")
     Compiled.run = staticmethod(self._timed(Compiled.__dict__["run"].__func__, "launch"))
+    launcher = Compiled.launcher
+    Compiled.launcher = lambda device, kernel, points: self._timed(launcher(device, kernel, points), "launch")
+    self._drop_launches()
     gc.callbacks.append(self._gc)
     return self
 
   def __exit__(self, *exc) -> None:
     for owner, name, value in self._saved: setattr(owner, name, value)
+    self._drop_launches()
     gc.callbacks.remove(self._gc)
 
   def breakdown(self, total_s: float) -> dict[str, float]:
-    """Exclusive seconds per stage: graph key out of schedule, buffers and launch out of run rest."""
+    """Exclusive seconds per stage: buffers and launch out of run rest."""
     s = dict(self.seconds)
-    s["schedule"] -= s["graph key"]
     # allocations outside run_schedule (inputs, TinyJit's replay) are counted too; they are few
     s["run rest"] -= s["buffers"] + s["launch"]
     s["front end"] = total_s - sum(s[k] for k in STAGES if k not in ("front end", "gc"))

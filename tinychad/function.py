@@ -289,20 +289,25 @@ class Where(Function):
 
 
 # ---- reduce ----
+# The reduces take the result's `shape`, the reduced axes kept as 1s or dropped (keepdim=False): the reshape
+# that drops them is part of the op, not a recorded op of its own (one Function, Tensor and LazyBuffer less)
 class Sum(Function):
-  def forward(self, x: LazyBuffer, axis: tuple[int, ...]) -> LazyBuffer:
+  def forward(self, x: LazyBuffer, axis: tuple[int, ...], shape: tuple[int, ...]) -> LazyBuffer:
     self.input_shape = x.shape
-    return x.r(ReduceOps.SUM, axis)
-  def backward(self, grad: LazyBuffer) -> LazyBuffer: return grad.expand(self.input_shape)
+    out = x.r(ReduceOps.SUM, axis)
+    self.kept_shape = out.shape
+    return out.reshape(shape)
+  def backward(self, grad: LazyBuffer) -> LazyBuffer: return grad.reshape(self.kept_shape).expand(self.input_shape)
 
 
 class Max(Function):
   """Ties share the gradient evenly, as PyTorch's amax does."""
-  def forward(self, x: LazyBuffer, axis: tuple[int, ...]) -> LazyBuffer:
+  def forward(self, x: LazyBuffer, axis: tuple[int, ...], shape: tuple[int, ...]) -> LazyBuffer:
     self.x, self.axis = x, axis
     self.ret = x.r(ReduceOps.MAX, axis)
-    return self.ret
+    return self.ret.reshape(shape)
   def backward(self, grad: LazyBuffer) -> LazyBuffer:
+    grad = grad.reshape(self.ret.shape)
     is_max = _bool_to(self.x.e(BinaryOps.CMPEQ, self.ret.expand(self.x.shape)), grad)
     count = is_max.r(ReduceOps.SUM, self.axis).expand(self.x.shape)
     return is_max.e(BinaryOps.DIV, count).e(BinaryOps.MUL, grad.expand(self.x.shape))
@@ -371,12 +376,15 @@ class Permute(Function):
 
 
 class Expand(Function):
+  """x broadcast to `shape`, which may have more dims (x's shape is padded with leading 1s first: a reshape inside
+  the op, not one of its own)."""
   def forward(self, x: LazyBuffer, shape: tuple[int, ...]) -> LazyBuffer:
     self.input_shape = x.shape
-    return x.expand(shape)
+    self.padded = (1,) * (len(shape) - len(x.shape)) + x.shape
+    return x.reshape(self.padded).expand(shape)
   def backward(self, grad: LazyBuffer) -> LazyBuffer:
-    axes = tuple(i for i, (a, b) in enumerate(zip(self.input_shape, grad.shape)) if a != b)
-    return grad.r(ReduceOps.SUM, axes) if axes else grad
+    axes = tuple(i for i, (a, b) in enumerate(zip(self.padded, grad.shape)) if a != b)
+    return (grad.r(ReduceOps.SUM, axes) if axes else grad).reshape(self.input_shape)
 
 
 class Pad(Function):

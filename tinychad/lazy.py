@@ -20,6 +20,15 @@ from tinychad.ops import UnaryOps, TernaryOps, ReduceOps, LoadOps, COMPARISONS, 
 from tinychad.helpers import getenv, inverse_permutation, prod
 from tinychad.view import ShapeTracker
 
+# The 0-d constant bases by (Python type, value, dtype, device): a step records the same few scalars (1, 0.5, a beta)
+# at every op that uses them, and each new one costs a numpy conversion and a LazyBuffer. A base is immutable until
+# it is computed (a realize of the constant itself): one computed since is replaced, so a graph reads it inline
+# again. Sharing one base among graphs changes nothing the scheduler does: a constant is inlined into every kernel
+# that reads it. Bounded: past MAX_CONSTANTS values the table starts again.
+_constants: dict[tuple, LazyBuffer] = {}
+_SCALARS = (int, float, bool)
+MAX_CONSTANTS = 4096
+
 # a reduce with this many inputs per output (or more) and fewer than SPLIT_PARTS outputs is split in two
 SPLIT_MIN_REDUCE = 1 << 17
 SPLIT_PARTS = 64
@@ -63,9 +72,16 @@ class LazyBuffer:
 
   @staticmethod
   def full(value, shape: tuple[int, ...], dtype: DType, device: str) -> LazyBuffer:
-    """A constant: one scalar, broadcast by a zero-stride view, no memory."""
-    value = dtype.np(value).item()
-    const = LazyBuffer(device, ShapeTracker.from_shape(()), dtype, LoadOps.CONST, value)
+    """A constant: one scalar, broadcast by a zero-stride view, no memory. Its 0-d base is shared (_constants)."""
+    key = (type(value), value, dtype, device)
+    # 0.0 and -0.0 are equal keys, NaN equals nothing: those are made anew, as is any value but a Python scalar
+    shared = type(value) in _SCALARS and value == value and value != 0
+    const = _constants.get(key) if shared else None
+    if const is None or const.realized is not None:
+      const = LazyBuffer(device, ShapeTracker.from_shape(()), dtype, LoadOps.CONST, dtype.np(value).item())
+      if shared:
+        if len(_constants) >= MAX_CONSTANTS: _constants.clear()
+        _constants[key] = const
     return LazyBuffer(device, _broadcast_tracker(tuple(shape)), dtype, base=const) if shape else const
 
   @staticmethod

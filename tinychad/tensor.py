@@ -373,9 +373,9 @@ class Tensor:
   def _broadcast_to(self, shape: tuple[int, ...]) -> Tensor:
     """expand() to a shape already checked (by the caller) to be a broadcast of self.shape."""
     if shape == self.shape: return self
-    padded = (1,) * (len(shape) - self.ndim) + self.shape
-    x = self if padded == self.shape else F.Reshape.apply(self, shape=padded)
-    return x if shape == padded else F.Expand.apply(x, shape=shape)
+    # one op (F.Expand pads the dims itself), unless only dims of 1 are added: then a reshape is all it is
+    if prod(shape) == self.numel(): return F.Reshape.apply(self, shape=shape)
+    return F.Expand.apply(self, shape=shape)
 
   def pad(self, padding, mode: str = "constant", value: float = 0.0) -> Tensor:
     """`padding` is PyTorch's flat form (last dim first: (left, right, top, bottom, ...)) or one (before, after) pair per dim."""
@@ -882,26 +882,26 @@ class Tensor:
 
   # ---- reductions ----
   def _reduce(self, fn, axis, keepdim: bool, op: str) -> Tensor:
+    """fn(x, axes, shape): one autograd op reducing x over axes, its result seen with `shape` (keepdim's or not)."""
     axes = self._axes(axis, op)
-    if self.ndim == 0: return fn(self.reshape(1), (0,)).reshape(()) if axes == () or axes == (0,) else self
-    out = fn(self, axes) if axes else self
-    if keepdim: return out
-    kept = tuple(s for i, s in enumerate(self.shape) if i not in axes)
-    return out if kept == out.shape else F.Reshape.apply(out, shape=kept)
+    if self.ndim == 0: return fn(self.reshape(1), (0,), ()) if axes == () or axes == (0,) else self
+    if not axes: return self
+    if keepdim: return fn(self, axes, tuple(1 if i in axes else s for i, s in enumerate(self.shape)))
+    return fn(self, axes, tuple(s for i, s in enumerate(self.shape) if i not in axes))
 
   def sum(self, axis=None, keepdim: bool = False, dtype=None, dim=None) -> Tensor:
     if dim is not None: axis = dim
     x = self
     if dtype is not None: x = x.cast(dtype)
     elif not x.dtype.is_float: x = x.cast(dtypes.int64)
-    return x._reduce(lambda t, axes: F.Sum.apply(t, axis=axes), axis, keepdim, "sum")
+    return x._reduce(lambda t, axes, shape: F.Sum.apply(t, axis=axes, shape=shape), axis, keepdim, "sum")
 
   def max(self, axis=None, keepdim: bool = False, dim=None):
     """The maximum over axis (tinygrad's form, positional or axis=: the values). With dim= (PyTorch's keyword) the
     result is PyTorch's (values, indices) named tuple: the keyword says which framework's habit the caller has."""
     if dim is not None: return self._values_indices(self.argmax(dim, keepdim=True), dim, keepdim)
     self._check_not_empty(axis, "max")
-    return self._reduce(lambda t, axes: F.Max.apply(t, axis=axes), axis, keepdim, "max")
+    return self._reduce(lambda t, axes, shape: F.Max.apply(t, axis=axes, shape=shape), axis, keepdim, "max")
 
   def min(self, axis=None, keepdim: bool = False, dim=None):
     """As max: the values, or (values, indices) with dim=."""

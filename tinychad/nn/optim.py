@@ -153,17 +153,21 @@ class Adam(Optimizer):
   def _state(self) -> dict[str, list[Tensor | None]]: return {"m": self.m, "v": self.v, "powers": self.powers}
 
   def step(self) -> None:
-    index = {id(group): k for k, group in enumerate(self.param_groups)}
     for k, group in enumerate(self.param_groups):
       for power, beta in zip(self.powers[2 * k:2 * k + 2], group["betas"]): power.assign(power * beta)
+    # a group's 0-d factors, recorded once per step rather than once per parameter (eager, each is a few recorded ops)
+    factors = {}
+    for k, group in enumerate(self.param_groups):
+      lr, b1_t, b2_t = self._lr(group), self.powers[2 * k], self.powers[2 * k + 1]
+      decay = 1 - lr * group["weight_decay"] if self.decoupled and group["weight_decay"] else None
+      factors[id(group)] = (decay, lr / (1 - b1_t), (1 - b2_t).sqrt())
     for i, p, g, group in self._grads(None if self.decoupled else "weight_decay"):
-      (b1, b2), lr, k = group["betas"], self._lr(group), index[id(group)]
-      b1_t, b2_t = self.powers[2 * k], self.powers[2 * k + 1]
-      if self.decoupled and group["weight_decay"]: p.assign(p.detach() * (1 - lr * group["weight_decay"]))
+      (b1, b2), (decay, step_size, bias2) = group["betas"], factors[id(group)]
+      if decay is not None: p.assign(p.detach() * decay)
       self.m[i].assign(b1 * self.m[i] + (1 - b1) * g)
       self.v[i].assign(b2 * self.v[i] + (1 - b2) * g * g)
-      denom = self.v[i].sqrt() / (1 - b2_t).sqrt() + group["eps"]
-      p.assign(p.detach() - (lr / (1 - b1_t)) * self.m[i] / denom)
+      denom = self.v[i].sqrt() / bias2 + group["eps"]
+      p.assign(p.detach() - step_size * self.m[i] / denom)
     self._realize(*self.m, *self.v, *self.powers)
 
 
