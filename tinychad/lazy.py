@@ -20,11 +20,12 @@ from tinychad.ops import UnaryOps, TernaryOps, ReduceOps, LoadOps, COMPARISONS, 
 from tinychad.helpers import getenv, inverse_permutation, prod
 from tinychad.view import ShapeTracker
 
-# The 0-d constant bases by (Python type, value, dtype, device): a step records the same few scalars (1, 0.5, a beta)
-# at every op that uses them, and each new one costs a numpy conversion and a LazyBuffer. A base is immutable until
-# it is computed (a realize of the constant itself): one computed since is replaced, so a graph reads it inline
-# again. Sharing one base among graphs changes nothing the scheduler does: a constant is inlined into every kernel
-# that reads it. Bounded: past MAX_CONSTANTS values the table starts again.
+# The constants LazyBuffer.full made, by (Python type, value, dtype, device, shape): a step records the same few
+# scalars (1, 0.5, a beta) at the same shapes at every op that uses them, and each new one costs a numpy conversion
+# and two LazyBuffers, and two more nodes in the graph that realize keys and schedules. A constant is immutable
+# until its base is computed (a realize of the constant itself): one computed since is replaced, so a graph reads
+# it inline again. Sharing one among graphs changes nothing the scheduler does: a constant is inlined into every
+# kernel that reads it. Bounded: past MAX_CONSTANTS the table starts again.
 _constants: dict[tuple, LazyBuffer] = {}
 _SCALARS = (int, float, bool)
 MAX_CONSTANTS = 4096
@@ -72,17 +73,20 @@ class LazyBuffer:
 
   @staticmethod
   def full(value, shape: tuple[int, ...], dtype: DType, device: str) -> LazyBuffer:
-    """A constant: one scalar, broadcast by a zero-stride view, no memory. Its 0-d base is shared (_constants)."""
-    key = (type(value), value, dtype, device)
+    """A constant: one scalar, broadcast by a zero-stride view, no memory. Shared with earlier calls (_constants)."""
+    shape = tuple(shape)
+    key = (type(value), value, dtype, device, shape)
     # 0.0 and -0.0 are equal keys, NaN equals nothing: those are made anew, as is any value but a Python scalar
     shared = type(value) in _SCALARS and value == value and value != 0
-    const = _constants.get(key) if shared else None
-    if const is None or const.realized is not None:
-      const = LazyBuffer(device, ShapeTracker.from_shape(()), dtype, LoadOps.CONST, dtype.np(value).item())
-      if shared:
-        if len(_constants) >= MAX_CONSTANTS: _constants.clear()
-        _constants[key] = const
-    return LazyBuffer(device, _broadcast_tracker(tuple(shape)), dtype, base=const) if shape else const
+    if shared:
+      made = _constants.get(key)
+      if made is not None and made.base.realized is None: return made
+    const = LazyBuffer(device, ShapeTracker.from_shape(()), dtype, LoadOps.CONST, dtype.np(value).item())
+    made = LazyBuffer(device, _broadcast_tracker(shape), dtype, base=const) if shape else const
+    if shared:
+      if len(_constants) >= MAX_CONSTANTS: _constants.clear()
+      _constants[key] = made
+    return made
 
   @staticmethod
   def empty(shape: tuple[int, ...], dtype: DType, device: str) -> LazyBuffer:

@@ -97,12 +97,15 @@ def graph_key(outs: list[LazyBuffer]) -> tuple[GraphKey | tuple, list[LazyBuffer
     return (tuple(entries), (len(nodes) - 1,), getenv("NOOPT", 0)), nodes
   nodes = toposort(outs, _key_sources)
   position = {lb: i for i, lb in enumerate(nodes)}
+  at = position.__getitem__
   entries = []
   for lb in nodes:
     base = lb._base
     if base is not None: entries.append((lb.st, position[base]))
     elif lb.realized is not None: entries.append((lb.device, lb.dtype, lb.shape))
-    else: entries.append((lb.op, _arg_key(lb.arg), lb.dtype, lb.device, lb.shape, tuple([position[s] for s in lb.srcs])))
+    else:
+      arg = lb.arg
+      entries.append((lb.op, arg if arg is None else _arg_key(arg), lb.dtype, lb.device, lb.shape, tuple(map(at, lb.srcs))))
   # NOOPT changes what the scheduler packs
   key = (tuple(entries), tuple([position[out] for out in outs]), getenv("NOOPT", 0))
   return (GraphKey(key) if len(entries) > SMALL_GRAPH else key), nodes
