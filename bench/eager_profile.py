@@ -3,6 +3,8 @@
 Not a table row of `python -m bench`: run it alone (`python bench/eager_profile.py [--steps N]`). Workloads,
 each eager (no TinyJit, as a PyTorch user writes them), then under TinyJit:
   small ops   (a+b) on 4 floats, each realized (bench/small_ops.py's row), 100 per step, shown per op
+  gelu        gelu(a, tanh form) on 4 floats, each realized (small_ops.py's second row: ~15 recorded ops, one
+              kernel), 100 per step, shown per gelu
   CNN step    Conv2d 1->8 3x3, ReLU, MaxPool, Conv2d 8->16 3x3, ReLU, MaxPool, Linear 400->10, cross-entropy, SGD
               momentum; batch 16 of 1x28x28
   transformer step  Embedding 64x64, 2 TransformerEncoderLayer (d 64, 4 heads, ff 128, no dropout), Linear 64->64,
@@ -115,6 +117,19 @@ def small_ops() -> tuple[Callable, int, Callable]:
   return step, 100, torch_step
 
 
+def gelus() -> tuple[Callable, int, Callable]:
+  from tinychad import Tensor
+  import torch
+  a, ta = Tensor.rand(4).realize(), torch.rand(4)
+
+  def step():
+    for _ in range(100): a.gelu(approximate="tanh").realize()
+
+  def torch_step():
+    for _ in range(100): torch.nn.functional.gelu(ta, approximate="tanh")
+  return step, 100, torch_step
+
+
 def cnn_step() -> tuple[Callable, int, Callable]:
   import numpy as np
   import torch
@@ -188,7 +203,8 @@ def transformer_step() -> tuple[Callable, int, Callable]:
   return step, 1, torch_step
 
 
-WORKLOADS = {"small ops (per op)": small_ops, "CNN train step": cnn_step, "transformer train step": transformer_step}
+WORKLOADS = {"small ops (per op)": small_ops, "gelu (per op)": gelus, "CNN train step": cnn_step,
+             "transformer train step": transformer_step}
 
 
 def best_time(fn: Callable, repeats: int) -> float:
@@ -234,10 +250,12 @@ def profile(name: str, build: Callable, steps: int) -> list[str]:
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--steps", type=int, default=30, help="timed steps per workload (the best one counts)")
+  parser.add_argument("--only", nargs="*", choices=["small", "gelu", "cnn", "transformer"], help="these workloads only")
   args = parser.parse_args()
   print("| workload | kernels/step | eager | TinyJit | torch eager | eager/torch | " + " | ".join(STAGES) + " |")
   print("|---|---:|---:|---:|---:|---:|" + "---:|" * len(STAGES))
   for name, build in WORKLOADS.items():
+    if args.only and not any(name.lower().startswith(word) for word in args.only): continue
     for line in profile(name, build, args.steps): print(line, flush=True)
 
 
