@@ -26,6 +26,16 @@ def getenv(key: str, default=0):
   return type(default)(value) if not isinstance(default, bool) else value not in ("0", "", "false", "False")
 
 
+def any_flag(*keys: str) -> bool:
+  """Whether any of these integer flags is nonzero (getenv(key, 0) of each), in one call: realize asks for three
+  on every op."""
+  if _ENVIRON_BYTES is None: return any(getenv(key, 0) for key in keys)
+  for key in keys:
+    value = _ENVIRON_BYTES.get(key.encode())
+    if value is not None and int(value): return True
+  return False
+
+
 def DEBUG() -> int: return getenv("DEBUG", 0)
 
 

@@ -23,12 +23,13 @@ import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from time import perf_counter
 from typing import Callable, Iterator
 from tinychad.codegen import Program, lower_item
 from tinychad.device import Buffer, Device
 from tinychad.engine.schedule import ScheduleItem, schedule_graph
 from tinychad.engine.schedule_cache import Template, graph_key, lookup
-from tinychad.helpers import DEBUG, GlobalCounters, getenv
+from tinychad.helpers import DEBUG, GlobalCounters, any_flag, getenv
 from tinychad.lazy import LazyBuffer
 from tinychad.ops import LoadOps
 from tinychad.runtime.cache import cache_key, code_version, read_record, tree_text, write_record
@@ -75,7 +76,7 @@ def realize(outs: list[LazyBuffer]) -> None:
   key, nodes = graph_key(outs)
   template = lookup(key)
   # the prepared launch runs kernels only: what needs ScheduleItems (a capture, DEBUG's lines, GRAPH, PORT) takes the long way
-  plain = not _captures and not DEBUG() and not getenv("GRAPH", 0) and not getenv("PORT", 0)
+  plain = not _captures and not any_flag("DEBUG", "GRAPH", "PORT")
   if plain and template is not None and template.launch is not None and template.launch.current():
     run_launch(template.launch, nodes)
     return
@@ -177,9 +178,9 @@ def run_launch(launch: Launch, nodes: list[LazyBuffer]) -> None:
     if call is not None:
       bufs = [buf]
       for i in ins: bufs.append(nodes[i].realized if i >= 0 else made[-1 - i])
-      t0 = time.perf_counter()
+      t0 = perf_counter()
       call(bufs)
-      _count(info, time.perf_counter() - t0)
+      _count(info, perf_counter() - t0)
     if out >= 0:
       lb = nodes[out]
       lb.realized, lb.srcs = buf, ()

@@ -84,7 +84,8 @@ def _one_op_graph(out: LazyBuffer) -> tuple[list[tuple], list[LazyBuffer]] | Non
       entries.append((src.st, position[base]))
       position[src] = len(nodes)
       nodes.append(src)
-  entries.append((out.op, _arg_key(out.arg), out.dtype, out.device, out.shape, tuple([position[s] for s in out.srcs])))
+  arg = out.arg
+  entries.append((out.op, arg if arg is None else _arg_key(arg), out.dtype, out.device, out.shape, tuple(map(position.__getitem__, out.srcs))))
   nodes.append(out)
   return entries, nodes
 
