@@ -24,9 +24,11 @@ from tinychad.lazy import LazyBuffer
 from tinychad.ops import KernelNode, LoadOps
 
 MAX_SCHEDULES = 1024     # graph shapes remembered, least recently used forgotten first
-# a graph of more nodes is keyed by a GraphKey (its hash kept); a smaller one by its key tuple itself, whose C-level
-# hash, done twice per lookup (get, move_to_end), costs less than GraphKey's Python-level __hash__ and __eq__
-SMALL_GRAPH = 64
+# a graph of more nodes is keyed by a GraphKey (its hash kept); a smaller one (and the one-op graphs, graph_key's
+# eager case) by its key tuple itself, whose C-level hash, done twice per lookup (get, move_to_end), costs less
+# than GraphKey's Python-level __hash__ and __eq__. Measured: a 3-node key looks up in 0.45 us as a tuple; a
+# 30-node one (gelu) in 4.5 us as a tuple, 1.9 us as a GraphKey
+SMALL_GRAPH = 8
 
 
 def _arg_key(arg: Any) -> Any:
@@ -97,7 +99,7 @@ def graph_key(outs: list[LazyBuffer]) -> tuple[GraphKey | tuple, list[LazyBuffer
     entries, nodes = one_op
     return (tuple(entries), (len(nodes) - 1,), getenv("NOOPT", 0)), nodes
   nodes = toposort(outs, _key_sources)
-  position = {lb: i for i, lb in enumerate(nodes)}
+  position = dict(zip(nodes, range(len(nodes))))
   at = position.__getitem__
   entries = []
   for lb in nodes:
