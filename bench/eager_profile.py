@@ -10,7 +10,7 @@ each eager (no TinyJit, as a PyTorch user writes them), then under TinyJit:
   transformer step  Embedding 64x64, 2 TransformerEncoderLayer (d 64, 4 heads, ff 128, no dropout), Linear 64->64,
               cross-entropy, AdamW; batch 4 x 16 tokens
 Stages (of the fastest of the timed steps, by wrapping the engine's functions, which adds ~0.3 us per
-wrapped call; the stages don't nest except where said):
+wrapped call, ~0.8 us with --cpu-time; the stages don't nest except where said):
   graph key     engine/schedule_cache.graph_key (the schedule cache's key)
   schedule      the cache lookup, and scheduling anew on a miss (engine/schedule.schedule_graph)
   buffers       Buffer.allocate of new outputs (the memory pool)
@@ -31,6 +31,10 @@ from pathlib import Path
 from typing import Callable
 
 if __package__ in (None, ""): sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+# wall time; --cpu-time: the calling thread's CPU time (with THREADS=1 every kernel runs on it), which another
+# process on the same cores barely moves, at ~0.5 us more per wrapped call (a system call per reading)
+clock = time.perf_counter
 
 STAGES = ("graph key", "schedule", "buffers", "launch", "run rest", "front end", "gc")
 
@@ -54,17 +58,17 @@ class StageClock:
     seconds, depth = self.seconds, self._depth
     def timed(*args, **kwargs):
       depth[stage] += 1
-      start = time.perf_counter()
+      start = clock()
       try:
         return fn(*args, **kwargs)
       finally:
         depth[stage] -= 1
-        if not depth[stage]: seconds[stage] += time.perf_counter() - start
+        if not depth[stage]: seconds[stage] += clock() - start
     return timed
 
   def _gc(self, phase: str, info: dict) -> None:
-    if phase == "start": self._gc_start = time.perf_counter()
-    else: self.seconds["gc"] += time.perf_counter() - self._gc_start
+    if phase == "start": self._gc_start = clock()
+    else: self.seconds["gc"] += clock() - self._gc_start
 
   @staticmethod
   def _drop_launches() -> None:
@@ -210,9 +214,9 @@ WORKLOADS = {"small ops (per op)": small_ops, "gelu (per op)": gelus, "CNN train
 def best_time(fn: Callable, repeats: int) -> float:
   times = []
   for _ in range(repeats):
-    start = time.perf_counter()
+    start = clock()
     fn()
-    times.append(time.perf_counter() - start)
+    times.append(clock() - start)
   return min(times)
 
 
@@ -228,13 +232,13 @@ def profile(name: str, build: Callable, steps: int) -> list[str]:
   eager_s, torch_s = best_time(step, steps), best_time(torch_step, steps)
   # the stages of the fastest instrumented step: on a shared machine, the others carry other processes' time
   best = None
-  with StageClock() as clock:
+  with StageClock() as stage_clock:
     for _ in range(steps):
-      for stage in STAGES: clock.seconds[stage] = 0.0
-      start = time.perf_counter()
+      for stage in STAGES: stage_clock.seconds[stage] = 0.0
+      start = clock()
       step()
-      elapsed = time.perf_counter() - start
-      if best is None or elapsed < best[0]: best = (elapsed, clock.breakdown(elapsed))
+      elapsed = clock() - start
+      if best is None or elapsed < best[0]: best = (elapsed, stage_clock.breakdown(elapsed))
   stages = best[1]
   jitted = TinyJit(step) if ops == 1 else None
   jit_s = None
@@ -250,8 +254,12 @@ def profile(name: str, build: Callable, steps: int) -> list[str]:
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--steps", type=int, default=30, help="timed steps per workload (the best one counts)")
+  parser.add_argument("--cpu-time", action="store_true", help="time in the thread's CPU seconds (run with THREADS=1)")
   parser.add_argument("--only", nargs="*", choices=["small", "gelu", "cnn", "transformer"], help="these workloads only")
   args = parser.parse_args()
+  if args.cpu_time:
+    global clock
+    clock = time.thread_time
   print("| workload | kernels/step | eager | TinyJit | torch eager | eager/torch | " + " | ".join(STAGES) + " |")
   print("|---|---:|---:|---:|---:|---:|" + "---:|" * len(STAGES))
   for name, build in WORKLOADS.items():
