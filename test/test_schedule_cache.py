@@ -222,31 +222,39 @@ def test_capture_and_debug_take_the_long_way(schedulings, monkeypatch, capsys):
   assert len(long_way) == 3
 
 
-# ---- shared constants (lazy.py: LazyBuffer.full) ----
+# ---- shared scalar operands (lazy.py: LazyBuffer.operand) ----
 
-def test_constants_are_shared_until_computed():
+def test_operands_are_shared_until_computed():
   from tinychad.lazy import LazyBuffer
-  a = LazyBuffer.full(2.5, (3, 4), dtypes.float32, "CPU")
-  assert LazyBuffer.full(2.5, (3, 4), dtypes.float32, "CPU") is a
+  a = LazyBuffer.operand(2.5, (3, 4), dtypes.float32, "CPU")
+  assert LazyBuffer.operand(2.5, (3, 4), dtypes.float32, "CPU") is a
   # what the key sees makes another constant: the type, dtype, shape, device and value
-  others = [LazyBuffer.full(2.5, (4, 3), dtypes.float32, "CPU"), LazyBuffer.full(2.5, (3, 4), dtypes.float64, "CPU"),
-            LazyBuffer.full(2.5, (3, 4), dtypes.float32, "NUMPY"), LazyBuffer.full(3.5, (3, 4), dtypes.float32, "CPU"),
-            LazyBuffer.full(1, (3, 4), dtypes.int32, "CPU")]
+  others = [LazyBuffer.operand(2.5, (4, 3), dtypes.float32, "CPU"), LazyBuffer.operand(2.5, (3, 4), dtypes.float64, "CPU"),
+            LazyBuffer.operand(2.5, (3, 4), dtypes.float32, "NUMPY"), LazyBuffer.operand(3.5, (3, 4), dtypes.float32, "CPU"),
+            LazyBuffer.operand(1, (3, 4), dtypes.int32, "CPU")]
   assert all(o is not a for o in others)
-  assert LazyBuffer.full(True, (2,), dtypes.int32, "CPU") is not LazyBuffer.full(1, (2,), dtypes.int32, "CPU")
+  assert LazyBuffer.operand(True, (2,), dtypes.int32, "CPU") is not LazyBuffer.operand(1, (2,), dtypes.int32, "CPU")
   # a constant computed (realized) since is not handed out again: new graphs read the value inline
   Tensor(a).realize()
-  b = LazyBuffer.full(2.5, (3, 4), dtypes.float32, "CPU")
+  b = LazyBuffer.operand(2.5, (3, 4), dtypes.float32, "CPU")
   assert b is not a and b.base.realized is None and b.base.op.name == "CONST"
   x = Tensor(_data(3, 4)).realize()
   np.testing.assert_allclose((x * 2.5).numpy(), x.numpy() * 2.5, rtol=1e-6)
 
 
-def test_zero_and_nan_constants_are_made_anew():
+def test_zero_and_nan_operands_are_made_anew():
   from tinychad.lazy import LazyBuffer
-  zero, negative_zero = LazyBuffer.full(0.0, (2,), dtypes.float32, "CPU"), LazyBuffer.full(-0.0, (2,), dtypes.float32, "CPU")
+  zero, negative_zero = LazyBuffer.operand(0.0, (2,), dtypes.float32, "CPU"), LazyBuffer.operand(-0.0, (2,), dtypes.float32, "CPU")
   assert zero is not negative_zero and np.signbit(Tensor(negative_zero).numpy()).all() and not np.signbit(Tensor(zero).numpy()).any()
-  assert np.isnan(Tensor(LazyBuffer.full(float("nan"), (2,), dtypes.float32, "CPU")).numpy()).all()
+  assert np.isnan(Tensor(LazyBuffer.operand(float("nan"), (2,), dtypes.float32, "CPU")).numpy()).all()
   # the value is the dtype's: 1/3 in float32 is rounded, 2**40 in int64 exact
-  third = Tensor(LazyBuffer.full(1 / 3, (), dtypes.float32, "CPU")).numpy()
-  assert third == np.float32(1 / 3) and Tensor(LazyBuffer.full(2 ** 40, (), dtypes.int64, "CPU")).numpy() == 2 ** 40
+  third = Tensor(LazyBuffer.operand(1 / 3, (), dtypes.float32, "CPU")).numpy()
+  assert third == np.float32(1 / 3) and Tensor(LazyBuffer.operand(2 ** 40, (), dtypes.int64, "CPU")).numpy() == 2 ** 40
+
+
+def test_constants_users_hold_are_their_own():
+  # Tensor.full/ones give each tensor its own constant: computing one never hands its buffer to another
+  a, b = Tensor.full((4,), 3.0), Tensor.full((4,), 3.0)
+  assert a.lazydata is not b.lazydata and a.lazydata.base is not b.lazydata.base
+  a.realize(), b.realize()
+  assert a.lazydata.base.realized is not b.lazydata.base.realized

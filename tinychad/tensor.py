@@ -576,7 +576,7 @@ class Tensor:
       # a scalar has no gradient and broadcasts to x's shape: it is made at that shape directly, a
       # constant seen through one zero-stride view, instead of a 0-d tensor reshaped and expanded by
       # two recorded ops (most scalar ops in a composite like erf or gelu cost a third less)
-      y = Tensor.from_lazy(LazyBuffer.full(other, mine.shape, dtype, mine.device), None)
+      y = Tensor.from_lazy(LazyBuffer.operand(other, mine.shape, dtype, mine.device), None)
       if dtype is not mine.dtype: x = x.cast(dtype)
       return (y, x) if reverse else (x, y)
     else:

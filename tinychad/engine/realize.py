@@ -23,7 +23,6 @@ import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from time import perf_counter
 from typing import Callable, Iterator
 from tinychad.codegen import Program, lower_item
 from tinychad.device import Buffer, Device
@@ -75,7 +74,8 @@ def realize(outs: list[LazyBuffer]) -> None:
   else: return
   key, nodes = graph_key(outs)
   template = lookup(key)
-  # the prepared launch runs kernels only: what needs ScheduleItems (a capture, DEBUG's lines, GRAPH, PORT) takes the long way
+  # the prepared launch runs kernels only: what needs ScheduleItems (a capture, DEBUG's lines, GRAPH, PORT) takes
+  # the long way
   plain = not _captures and not any_flag("DEBUG", "GRAPH", "PORT")
   if plain and template is not None and template.launch is not None and template.launch.current():
     run_launch(template.launch, nodes)
@@ -130,17 +130,19 @@ def run_schedule(items: list[ScheduleItem]) -> None:
 
 
 class Launch:
-  """A remembered schedule (schedule_cache.Template) prepared to run again without ScheduleItems, kernel lookups or
-  thread decisions: per item, where its output goes (a position in the graph's nodes, or -1-i for the i'th buffer the
-  scheduler made), the output buffer's (device, size, dtype), the inputs' places, a call that runs the loaded kernel
-  on the buffers (None: the item only allocates, as EMPTY or an empty output does) and the item's counter info.
+  """A remembered schedule (schedule_cache.Template) prepared to run again without ScheduleItems, kernel lookups
+  or thread decisions: per item, where its output goes (a position in the graph's nodes, or -1-i for the i'th
+  buffer the scheduler made), the output buffer's (device, size, dtype), the inputs' places, a call that runs the
+  loaded kernel on the buffers (None: the item only allocates, as EMPTY or an empty output does) and the item's
+  counter info.
   Why a hit is right: it hangs on the template, so it is found by the graph's key, which fixes every op, argument,
   view, dtype, device and shape, which buffers are shared, and NOOPT; so the items, their kernel trees and the
   kernels the devices loaded for them (never replaced once loaded) are the ones run_schedule would use, and only
   the buffers differ, which are read from this graph's nodes on each run. A schedule that copies between devices
-  is not prepared (its copy is no kernel), nor one with kernels on two devices, so a launch runs on one device; `programs` is that device's table of
-  loaded kernels when it was prepared: a device whose table is replaced (the tests' set_noopt forgets every kernel)
-  makes the launch `current()` no more, and the schedule runs the long way, building its kernels again."""
+  (a copy is no kernel) or runs kernels on two devices is not prepared, so a launch runs on one device, and
+  `programs` is that device's table of loaded kernels when it was prepared: a device whose table is replaced (the
+  tests' set_noopt forgets every kernel) makes the launch `current()` no more, and the schedule runs the long way,
+  building its kernels again."""
   __slots__ = ("steps", "made", "device", "programs")
 
   def __init__(self, steps: list[tuple], made: int, device):
@@ -178,9 +180,9 @@ def run_launch(launch: Launch, nodes: list[LazyBuffer]) -> None:
     if call is not None:
       bufs = [buf]
       for i in ins: bufs.append(nodes[i].realized if i >= 0 else made[-1 - i])
-      t0 = perf_counter()
+      t0 = time.perf_counter()
       call(bufs)
-      _count(info, perf_counter() - t0)
+      _count(info, time.perf_counter() - t0)
     if out >= 0:
       lb = nodes[out]
       lb.realized, lb.srcs = buf, ()

@@ -86,8 +86,8 @@ def _one_op_graph(out: LazyBuffer) -> tuple[list[tuple], list[LazyBuffer]] | Non
       entries.append((src.st, position[base]))
       position[src] = len(nodes)
       nodes.append(src)
-  arg = out.arg
-  entries.append((out.op, arg if arg is None else _arg_key(arg), out.dtype, out.device, out.shape, tuple(map(position.__getitem__, out.srcs))))
+  arg, srcs = out.arg, tuple(map(position.__getitem__, out.srcs))
+  entries.append((out.op, arg if arg is None else _arg_key(arg), out.dtype, out.device, out.shape, srcs))
   nodes.append(out)
   return entries, nodes
 
