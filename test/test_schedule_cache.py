@@ -258,3 +258,16 @@ def test_constants_users_hold_are_their_own():
   assert a.lazydata is not b.lazydata and a.lazydata.base is not b.lazydata.base
   a.realize(), b.realize()
   assert a.lazydata.base.realized is not b.lazydata.base.realized
+
+
+@pytest.mark.parametrize("device", ["NUMPY", "CPU", "LLVM", "OPENCL"])
+def test_launch_on_each_device(device, monkeypatch):
+  # a device with a run() of its own (OPENCL's queue, NUMPY's evaluator) keeps it in a prepared launch
+  from tinychad.device import Device
+  if not Device.available(device): pytest.skip(f"{device} is not available here")
+  long_way = _launched(monkeypatch)
+  for scale in (1.5, 1.5, 1.5):
+    a, b = _data(5, 3), _data(5, 3)
+    got = (Tensor(a, device=device) * scale + Tensor(b, device=device)).numpy()
+    np.testing.assert_allclose(got, a * np.float32(scale) + b, rtol=1e-6)
+  assert len(long_way) == 1

@@ -82,7 +82,8 @@ class Compiled:
     """run(kernel, bufs, points) with what depends only on the kernel decided once (a remembered schedule's
     launch, engine/realize.py): a kernel too small for threads whatever THREADS says (run_parallel's rule)
     is its ctypes function called over its whole loop; a bigger one goes through run(), which reads the
-    thread count each time. The buffers must be allocated (a realized buffer, or one just allocated)."""
-    if points >= MIN_PARALLEL_WORK: return lambda bufs: self.run(kernel, bufs, points)
+    thread count each time, as does every kernel of a device with a run() of its own (OPENCL's queue). The
+    buffers must be allocated (a realized buffer, or one just allocated)."""
+    if points >= MIN_PARALLEL_WORK or type(self).run is not Compiled.run: return lambda bufs: self.run(kernel, bufs, points)
     fn, end = kernel.fn, max(kernel.parallel, 1)
     return lambda bufs: fn(*map(_address, bufs), 0, end)
