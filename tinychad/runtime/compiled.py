@@ -84,6 +84,7 @@ class Compiled:
     is its ctypes function called over its whole loop; a bigger one goes through run(), which reads the
     thread count each time, as does every kernel of a device with a run() of its own (OPENCL's queue). The
     buffers must be allocated (a realized buffer, or one just allocated)."""
-    if points >= MIN_PARALLEL_WORK or type(self).run is not Compiled.run: return lambda bufs: self.run(kernel, bufs, points)
+    if points >= MIN_PARALLEL_WORK or type(self).run is not Compiled.run:
+      return lambda bufs: self.run(kernel, bufs, points)
     fn, end = kernel.fn, max(kernel.parallel, 1)
     return lambda bufs: fn(*map(_address, bufs), 0, end)
