@@ -3,19 +3,24 @@
 Not a table row of `python -m bench`: run it alone (`python bench/eager_profile.py [--steps N]`). Workloads,
 each eager (no TinyJit, as a PyTorch user writes them), then under TinyJit:
   small ops   (a+b) on 4 floats, each realized (bench/small_ops.py's row), 100 per step, shown per op
+  gelu        gelu(a, tanh form) on 4 floats, each realized (small_ops.py's second row: ~15 recorded ops, one
+              kernel), 100 per step, shown per gelu
   CNN step    Conv2d 1->8 3x3, ReLU, MaxPool, Conv2d 8->16 3x3, ReLU, MaxPool, Linear 400->10, cross-entropy, SGD
               momentum; batch 16 of 1x28x28
   transformer step  Embedding 64x64, 2 TransformerEncoderLayer (d 64, 4 heads, ff 128, no dropout), Linear 64->64,
               cross-entropy, AdamW; batch 4 x 16 tokens
 Stages (of the fastest of the timed steps, by wrapping the engine's functions, which adds ~0.3 us per
-wrapped call; the stages don't nest except where said):
+wrapped call, ~0.8 us with --cpu-time; the stages don't nest except where said):
   graph key     engine/schedule_cache.graph_key (the schedule cache's key)
-  schedule      the rest of create_schedule: a remembered schedule's items, or scheduling anew
+  schedule      the cache lookup, and scheduling anew on a miss (engine/schedule.schedule_graph)
   buffers       Buffer.allocate of new outputs (the memory pool)
-  launch        the device's run (argument list, thread split, the ctypes call, the kernel itself)
-  run rest      run_schedule minus buffers and launch (kernel lookup, counters, capture lists)
+  launch        running a kernel (argument list, thread split, the ctypes call, the kernel itself): Compiled.run,
+                or the call a remembered schedule's prepared launch keeps (Compiled.launcher)
+  run rest      run_schedule or run_launch minus buffers and launch (counters, setting the outputs, capture lists)
   front end     everything else: Tensor ops, autograd Functions, LazyBuffers and views, backward, optimizer
   gc            Python's garbage collector (gc.callbacks), inside whichever stage it interrupted
+The prepared launches are dropped on entering and leaving the instrumented steps, so that those steps run
+launches prepared with the timed calls (their first step takes the long way once per graph).
 """
 from __future__ import annotations
 import argparse
@@ -27,57 +32,74 @@ from typing import Callable
 
 if __package__ in (None, ""): sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+# wall time; --cpu-time: the calling thread's CPU time (with THREADS=1 every kernel runs on it), which another
+# process on the same cores barely moves, at ~0.5 us more per wrapped call (a system call per reading)
+clock = time.perf_counter
+
 STAGES = ("graph key", "schedule", "buffers", "launch", "run rest", "front end", "gc")
 
 
 class StageClock:
-  """Wraps the engine's stage functions with timers while active; `seconds[stage]` sums them."""
+  """Wraps the engine's stage functions with timers while active; `seconds[stage]` sums them (a call inside
+  another of the same stage, as Compiled.run inside a prepared launch's call, counts once)."""
   def __init__(self):
     import tinychad.engine.realize as realize_mod
-    import tinychad.engine.schedule as schedule_mod
     from tinychad.device import Buffer
     from tinychad.runtime.compiled import Compiled
     self.seconds = dict.fromkeys(STAGES, 0.0)
+    self._depth = dict.fromkeys(STAGES, 0)
     self._gc_start = 0.0
-    self._patches = [(schedule_mod, "graph_key"), (realize_mod, "create_schedule"), (realize_mod, "run_schedule"),
-                     (Buffer, "allocate"), (Compiled, "run")]
+    self._patches = [(realize_mod, "graph_key"), (realize_mod, "lookup"), (realize_mod, "schedule_graph"),
+                     (realize_mod, "run_schedule"), (realize_mod, "run_launch"), (Buffer, "allocate"), (Compiled, "run"),
+                     (Compiled, "launcher")]
     self._saved = [(owner, name, owner.__dict__[name]) for owner, name in self._patches]
 
   def _timed(self, fn: Callable, stage: str) -> Callable:
-    seconds = self.seconds
+    seconds, depth = self.seconds, self._depth
     def timed(*args, **kwargs):
-      start = time.perf_counter()
+      depth[stage] += 1
+      start = clock()
       try:
         return fn(*args, **kwargs)
       finally:
-        seconds[stage] += time.perf_counter() - start
+        depth[stage] -= 1
+        if not depth[stage]: seconds[stage] += clock() - start
     return timed
 
   def _gc(self, phase: str, info: dict) -> None:
-    if phase == "start": self._gc_start = time.perf_counter()
-    else: self.seconds["gc"] += time.perf_counter() - self._gc_start
+    if phase == "start": self._gc_start = clock()
+    else: self.seconds["gc"] += clock() - self._gc_start
+
+  @staticmethod
+  def _drop_launches() -> None:
+    from tinychad.engine import schedule_cache
+    for template in schedule_cache._templates.values(): template.launch = None
 
   def __enter__(self) -> StageClock:
     import tinychad.engine.realize as realize_mod
-    import tinychad.engine.schedule as schedule_mod
     from tinychad.device import Buffer
     from tinychad.runtime.compiled import Compiled
-    schedule_mod.graph_key = self._timed(schedule_mod.graph_key, "graph key")
-    realize_mod.create_schedule = self._timed(realize_mod.create_schedule, "schedule")
+    realize_mod.graph_key = self._timed(realize_mod.graph_key, "graph key")
+    realize_mod.lookup = self._timed(realize_mod.lookup, "schedule")
+    realize_mod.schedule_graph = self._timed(realize_mod.schedule_graph, "schedule")
     realize_mod.run_schedule = self._timed(realize_mod.run_schedule, "run rest")
+    realize_mod.run_launch = self._timed(realize_mod.run_launch, "run rest")
     Buffer.allocate = self._timed(Buffer.allocate, "buffers")
     Compiled.run = staticmethod(self._timed(Compiled.__dict__["run"].__func__, "launch"))
+    launcher = Compiled.launcher
+    Compiled.launcher = lambda device, kernel, points: self._timed(launcher(device, kernel, points), "launch")
+    self._drop_launches()
     gc.callbacks.append(self._gc)
     return self
 
   def __exit__(self, *exc) -> None:
     for owner, name, value in self._saved: setattr(owner, name, value)
+    self._drop_launches()
     gc.callbacks.remove(self._gc)
 
   def breakdown(self, total_s: float) -> dict[str, float]:
-    """Exclusive seconds per stage: graph key out of schedule, buffers and launch out of run rest."""
+    """Exclusive seconds per stage: buffers and launch out of run rest."""
     s = dict(self.seconds)
-    s["schedule"] -= s["graph key"]
     # allocations outside run_schedule (inputs, TinyJit's replay) are counted too; they are few
     s["run rest"] -= s["buffers"] + s["launch"]
     s["front end"] = total_s - sum(s[k] for k in STAGES if k not in ("front end", "gc"))
@@ -96,6 +118,19 @@ def small_ops() -> tuple[Callable, int, Callable]:
 
   def torch_step():
     for _ in range(100): ta + tb
+  return step, 100, torch_step
+
+
+def gelus() -> tuple[Callable, int, Callable]:
+  from tinychad import Tensor
+  import torch
+  a, ta = Tensor.rand(4).realize(), torch.rand(4)
+
+  def step():
+    for _ in range(100): a.gelu(approximate="tanh").realize()
+
+  def torch_step():
+    for _ in range(100): torch.nn.functional.gelu(ta, approximate="tanh")
   return step, 100, torch_step
 
 
@@ -172,15 +207,16 @@ def transformer_step() -> tuple[Callable, int, Callable]:
   return step, 1, torch_step
 
 
-WORKLOADS = {"small ops (per op)": small_ops, "CNN train step": cnn_step, "transformer train step": transformer_step}
+WORKLOADS = {"small ops (per op)": small_ops, "gelu (per op)": gelus, "CNN train step": cnn_step,
+             "transformer train step": transformer_step}
 
 
 def best_time(fn: Callable, repeats: int) -> float:
   times = []
   for _ in range(repeats):
-    start = time.perf_counter()
+    start = clock()
     fn()
-    times.append(time.perf_counter() - start)
+    times.append(clock() - start)
   return min(times)
 
 
@@ -196,13 +232,13 @@ def profile(name: str, build: Callable, steps: int) -> list[str]:
   eager_s, torch_s = best_time(step, steps), best_time(torch_step, steps)
   # the stages of the fastest instrumented step: on a shared machine, the others carry other processes' time
   best = None
-  with StageClock() as clock:
+  with StageClock() as stage_clock:
     for _ in range(steps):
-      for stage in STAGES: clock.seconds[stage] = 0.0
-      start = time.perf_counter()
+      for stage in STAGES: stage_clock.seconds[stage] = 0.0
+      start = clock()
       step()
-      elapsed = time.perf_counter() - start
-      if best is None or elapsed < best[0]: best = (elapsed, clock.breakdown(elapsed))
+      elapsed = clock() - start
+      if best is None or elapsed < best[0]: best = (elapsed, stage_clock.breakdown(elapsed))
   stages = best[1]
   jitted = TinyJit(step) if ops == 1 else None
   jit_s = None
@@ -218,10 +254,16 @@ def profile(name: str, build: Callable, steps: int) -> list[str]:
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--steps", type=int, default=30, help="timed steps per workload (the best one counts)")
+  parser.add_argument("--cpu-time", action="store_true", help="time in the thread's CPU seconds (run with THREADS=1)")
+  parser.add_argument("--only", nargs="*", choices=["small", "gelu", "cnn", "transformer"], help="these workloads only")
   args = parser.parse_args()
+  if args.cpu_time:
+    global clock
+    clock = time.thread_time
   print("| workload | kernels/step | eager | TinyJit | torch eager | eager/torch | " + " | ".join(STAGES) + " |")
   print("|---|---:|---:|---:|---:|---:|" + "---:|" * len(STAGES))
   for name, build in WORKLOADS.items():
+    if args.only and not any(name.lower().startswith(word) for word in args.only): continue
     for line in profile(name, build, args.steps): print(line, flush=True)
 
 

@@ -101,3 +101,173 @@ def test_float_constants_key_by_value(schedulings):
   for scale in (2.5, 2.5, 3.5, float("nan"), float("nan"), float("inf")):
     np.testing.assert_allclose((x * scale).numpy(), x.numpy() * np.float32(scale), rtol=1e-6)
   assert schedulings[0] == 4
+
+
+# ---- the one-op key and the prepared launch (engine/realize.py: Launch) ----
+
+def _walked_key(outs):
+  """graph_key through the generic walk only (the one-op pass turned off)."""
+  real = schedule_cache._one_op_graph
+  schedule_cache._one_op_graph = lambda out: None
+  try:
+    return schedule_cache.graph_key(outs)
+  finally:
+    schedule_cache._one_op_graph = real
+
+
+def test_the_one_op_key_is_the_walks_key():
+  x, y = Tensor(_data(4, 8)).realize(), Tensor(_data(4, 8)).realize()
+  graphs = [x + y, x + x, x * 2.5, x + x.flip(0), x.T.contiguous(), x.sum(1), (x + y).exp(), x.cast(dtypes.int32),
+            x.permute(1, 0) + y.permute(1, 0), Tensor.full((4, 8), 2.0) + x, x.maximum(y)]
+  one_op = 0
+  for t in graphs:
+    lb = t.lazydata
+    key, nodes = schedule_cache.graph_key([lb])
+    walked_key, walked_nodes = _walked_key([lb])
+    assert key == walked_key and nodes == walked_nodes, t
+    one_op += schedule_cache._one_op_graph(lb) is not None
+  assert one_op >= 8    # the pass answered for most of these (a chain of two ops or a view on top it leaves to the walk)
+
+
+def _launched(monkeypatch) -> list:
+  """Counts run_schedule's items (the long way); a prepared launch runs none."""
+  from tinychad.engine import realize as realize_mod
+  counted = []
+  real = realize_mod.run_schedule
+  monkeypatch.setattr(realize_mod, "run_schedule", lambda items: (counted.append(len(items)), real(items)))
+  return counted
+
+
+def test_a_prepared_launch_runs_with_its_own_buffers(schedulings, monkeypatch):
+  long_way = _launched(monkeypatch)
+  for _ in range(4):
+    a, b = _data(3, 5), _data(3, 5)
+    np.testing.assert_allclose((Tensor(a) + Tensor(b)).numpy(), a + b, rtol=1e-6)
+  # scheduled and run the long way once, then launched: same results over each call's own buffers
+  assert schedulings[0] == 1 and long_way == [1]
+
+
+def test_no_stale_launch_for_what_the_key_sees(schedulings, monkeypatch):
+  # same op and shape, but a dtype, a view, a constant or a shared buffer that differs: a kernel of its own each time
+  long_way = _launched(monkeypatch)
+  a, b = _data(4, 4), _data(4, 4)
+  x, y = Tensor(a).realize(), Tensor(b).realize()
+  xi, yi = x.cast(dtypes.int32).realize(), y.cast(dtypes.int32).realize()
+  cases = [(lambda: x + y, a + b), (lambda: xi + yi, a.astype(np.int32) + b.astype(np.int32)),
+           (lambda: x + y.T, a + b.T), (lambda: x + x, a + a), (lambda: x * 2.0, a * 2), (lambda: x * 3.0, a * 3),
+           (lambda: x * -0.0, a * -0.0), (lambda: x * 0.0, a * 0.0), (lambda: x + y.flip(1), a + b[:, ::-1])]
+  schedulings[0] = 0
+  del long_way[:]
+  for _ in range(2):
+    for make, want in cases:
+      got = make().numpy()
+      assert got.dtype == want.dtype
+      np.testing.assert_array_equal(got, want)
+      np.testing.assert_array_equal(np.signbit(got), np.signbit(want))
+  # each case scheduled once, run the long way once, launched the second time
+  assert schedulings[0] == len(cases) and len(long_way) == len(cases)
+
+
+def test_a_source_computed_since_is_another_graph(schedulings):
+  x = Tensor(_data(8)).realize()
+  lazy = x + 1                      # not computed: x + 1 + 2 is a two-op graph
+  deeper = schedule_cache.graph_key([(lazy + 2).lazydata])[0]
+  lazy.realize()                    # now a buffer: lazy + 2 is one op over it
+  shallow = schedule_cache.graph_key([(lazy + 2).lazydata])[0]
+  assert deeper != shallow
+  np.testing.assert_allclose((lazy + 2).numpy(), x.numpy() + 3, rtol=1e-6)
+
+
+def test_launch_of_several_kernels_and_made_buffers(schedulings, set_noopt, monkeypatch):
+  set_noopt("0")    # packed panels: buffers the scheduler made, remade by each launch
+  long_way = _launched(monkeypatch)
+  k, n = STAGE_MAX_BYTES // (4 * panel_width(dtypes.float32)) + 16, PACK_MIN_STRIDE_BYTES // 4
+  for _ in range(3):
+    a, b, c = _data(32, k), _data(k, n), _data(n)
+    out = (Tensor(a) @ Tensor(b) + Tensor(c)).relu()
+    np.testing.assert_allclose(out.numpy(), np.maximum(a @ b + c, 0), rtol=1e-4, atol=1e-3)
+  assert schedulings[0] == 1 and long_way and long_way[0] >= 2 and len(long_way) == 1
+
+
+def test_empty_and_zero_size_outputs_launch(schedulings, monkeypatch):
+  long_way = _launched(monkeypatch)
+  for _ in range(3):
+    x = Tensor(_data(4)).realize()
+    assert (x[:0] + 1).numpy().shape == (0,)
+    assert Tensor.empty(3, 2).realize().shape == (3, 2)
+  assert len(long_way) == 2
+
+
+def test_forgotten_kernels_are_built_again(schedulings, monkeypatch):
+  from tinychad.device import Device
+  long_way = _launched(monkeypatch)
+  x = Tensor(_data(4)).realize()
+  for _ in range(2): (x + 1).realize()
+  assert len(long_way) == 1
+  monkeypatch.setattr(Device[x.device], "programs", {})    # as set_noopt does: the device forgets its kernels
+  np.testing.assert_allclose((x + 1).numpy(), x.numpy() + 1, rtol=1e-6)
+  assert len(long_way) == 2 and len(Device[x.device].programs) == 1
+
+
+def test_capture_and_debug_take_the_long_way(schedulings, monkeypatch, capsys):
+  from tinychad.engine.realize import capture
+  long_way = _launched(monkeypatch)
+  x = Tensor(_data(4)).realize()
+  for _ in range(2): (x * 5).realize()
+  with capture() as steps: (x * 5).realize()
+  assert len(steps) == 1 and steps[0][0].name.startswith("E_")
+  monkeypatch.setenv("DEBUG", "1")
+  (x * 5).realize()
+  assert "realize: 1 items, 1 kernels" in capsys.readouterr().out
+  assert len(long_way) == 3
+
+
+# ---- shared scalar operands (lazy.py: LazyBuffer.operand) ----
+
+def test_operands_are_shared_until_computed():
+  from tinychad.lazy import LazyBuffer
+  a = LazyBuffer.operand(2.5, (3, 4), dtypes.float32, "CPU")
+  assert LazyBuffer.operand(2.5, (3, 4), dtypes.float32, "CPU") is a
+  # what the key sees makes another constant: the type, dtype, shape, device and value
+  others = [LazyBuffer.operand(2.5, (4, 3), dtypes.float32, "CPU"), LazyBuffer.operand(2.5, (3, 4), dtypes.float64, "CPU"),
+            LazyBuffer.operand(2.5, (3, 4), dtypes.float32, "NUMPY"), LazyBuffer.operand(3.5, (3, 4), dtypes.float32, "CPU"),
+            LazyBuffer.operand(1, (3, 4), dtypes.int32, "CPU")]
+  assert all(o is not a for o in others)
+  assert LazyBuffer.operand(True, (2,), dtypes.int32, "CPU") is not LazyBuffer.operand(1, (2,), dtypes.int32, "CPU")
+  # a constant computed (realized) since is not handed out again: new graphs read the value inline
+  Tensor(a).realize()
+  b = LazyBuffer.operand(2.5, (3, 4), dtypes.float32, "CPU")
+  assert b is not a and b.base.realized is None and b.base.op.name == "CONST"
+  x = Tensor(_data(3, 4)).realize()
+  np.testing.assert_allclose((x * 2.5).numpy(), x.numpy() * 2.5, rtol=1e-6)
+
+
+def test_zero_and_nan_operands_are_made_anew():
+  from tinychad.lazy import LazyBuffer
+  zero, negative_zero = LazyBuffer.operand(0.0, (2,), dtypes.float32, "CPU"), LazyBuffer.operand(-0.0, (2,), dtypes.float32, "CPU")
+  assert zero is not negative_zero and np.signbit(Tensor(negative_zero).numpy()).all() and not np.signbit(Tensor(zero).numpy()).any()
+  assert np.isnan(Tensor(LazyBuffer.operand(float("nan"), (2,), dtypes.float32, "CPU")).numpy()).all()
+  # the value is the dtype's: 1/3 in float32 is rounded, 2**40 in int64 exact
+  third = Tensor(LazyBuffer.operand(1 / 3, (), dtypes.float32, "CPU")).numpy()
+  assert third == np.float32(1 / 3) and Tensor(LazyBuffer.operand(2 ** 40, (), dtypes.int64, "CPU")).numpy() == 2 ** 40
+
+
+def test_constants_users_hold_are_their_own():
+  # Tensor.full/ones give each tensor its own constant: computing one never hands its buffer to another
+  a, b = Tensor.full((4,), 3.0), Tensor.full((4,), 3.0)
+  assert a.lazydata is not b.lazydata and a.lazydata.base is not b.lazydata.base
+  a.realize(), b.realize()
+  assert a.lazydata.base.realized is not b.lazydata.base.realized
+
+
+@pytest.mark.parametrize("device", ["NUMPY", "CPU", "LLVM", "OPENCL"])
+def test_launch_on_each_device(device, monkeypatch):
+  # a device with a run() of its own (OPENCL's queue, NUMPY's evaluator) keeps it in a prepared launch
+  from tinychad.device import Device
+  if not Device.available(device): pytest.skip(f"{device} is not available here")
+  long_way = _launched(monkeypatch)
+  for scale in (1.5, 1.5, 1.5):
+    a, b = _data(5, 3), _data(5, 3)
+    got = (Tensor(a, device=device) * scale + Tensor(b, device=device)).numpy()
+    np.testing.assert_allclose(got, a * np.float32(scale) + b, rtol=1e-6)
+  assert len(long_way) == 1

@@ -39,9 +39,10 @@ class _MemoryPool:
 
   def take(self, nbytes: int, alignment: int = 64) -> tuple[np.ndarray, int]:
     """`nbytes` of memory and its address (kept with it: asking numpy for it again costs a microsecond)."""
-    if self.free.get(nbytes):
+    pooled = self.free.get(nbytes)
+    if pooled:
       self.pooled_bytes -= nbytes
-      return self.free[nbytes].pop()
+      return pooled.pop()
     if nbytes >= self.BIG_BYTES:
       memory = np.frombuffer(mmap.mmap(-1, nbytes), dtype=np.uint8)   # the array keeps the map alive, then unmaps it
       return memory, memory.ctypes.data
@@ -50,9 +51,12 @@ class _MemoryPool:
     return raw[start:start + nbytes], raw.ctypes.data + start
 
   def give(self, memory: np.ndarray, address: int) -> None:
-    if memory.nbytes >= self.BIG_BYTES or self.pooled_bytes + memory.nbytes > self.LIMIT_BYTES: return
-    self.free.setdefault(memory.nbytes, []).append((memory, address))
-    self.pooled_bytes += memory.nbytes
+    nbytes = memory.nbytes
+    if nbytes >= self.BIG_BYTES or self.pooled_bytes + nbytes > self.LIMIT_BYTES: return
+    pooled = self.free.get(nbytes)
+    if pooled is None: pooled = self.free[nbytes] = []
+    pooled.append((memory, address))
+    self.pooled_bytes += nbytes
 
   def clear(self) -> None:
     self.free.clear()
@@ -104,8 +108,12 @@ def empty_cache() -> None:
 
 class Buffer:
   """`size` elements of `dtype` in host memory for `device` (64-byte aligned, from the pool)."""
+  # made and freed once per kernel an eager step runs: slots make both quicker
+  __slots__ = ("device", "size", "dtype", "nbytes", "address", "_memory", "_data", "_allocator")
+
   def __init__(self, device: str, size: int, dtype: DType):
     self.device, self.size, self.dtype = device, size, dtype
+    self.nbytes: int = size * dtype.itemsize
     self._memory: np.ndarray | None = None
     self._data: np.ndarray | None = None
 
@@ -117,18 +125,16 @@ class Buffer:
     if self.device in DEVICE_MEMORY: self._allocator.free(self._memory)
     else: memory_pool.give(self._memory, self.address)
 
-  @property
-  def nbytes(self) -> int: return self.size * self.dtype.itemsize
-
   def allocate(self) -> Buffer:
     if self._memory is None:
+      nbytes = self.nbytes
       if self.device in DEVICE_MEMORY:
         # the allocator is kept: the buffer goes back to it even if the registry has changed or is gone by then
         self._allocator = Device[self.device].allocator
-        self._memory, self.address = self._allocator.alloc(self.nbytes), 0
-      else: self._memory, self.address = memory_pool.take(self.nbytes)   # address: what kernels are called with
-      GlobalCounters.mem_used += self.nbytes
-      GlobalCounters.mem_peak = max(GlobalCounters.mem_peak, GlobalCounters.mem_used)
+        self._memory, self.address = self._allocator.alloc(nbytes), 0
+      else: self._memory, self.address = memory_pool.take(nbytes)   # address: what kernels are called with
+      used = GlobalCounters.mem_used = GlobalCounters.mem_used + nbytes
+      if used > GlobalCounters.mem_peak: GlobalCounters.mem_peak = used
     return self
 
   def copyin(self, array: np.ndarray) -> Buffer:

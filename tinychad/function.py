@@ -8,6 +8,7 @@ makes its result with the inputs' own class (Tensor), and gradients are added up
 from __future__ import annotations
 import itertools
 import math
+import operator
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from tinychad.dtype import dtypes
@@ -19,8 +20,15 @@ from tinychad.ops import AttentionArg, UnaryOps, BinaryOps, TernaryOps, ReduceOp
 
 class Function:
   def __init__(self, *tensors):
-    needs = [t.requires_grad for t in tensors]
-    self.requires_grad = True if True in needs else None if None in needs else False
+    # True if any input requires grad, else None if any might, else False (a loop, not lists: every recorded op runs it)
+    requires_grad = False
+    for t in tensors:
+      needs = t.requires_grad
+      if needs:
+        requires_grad = True
+        break
+      if needs is None: requires_grad = None
+    self.requires_grad = requires_grad
     # None (tinygrad's "not decided") records the graph too: a backward pass that reaches a None leaf gives it a grad
     if self.requires_grad is not False: self.parents = tensors
 
@@ -36,12 +44,15 @@ class Function:
     """forward() on the tensors' LazyBuffers; the result is a tensor of the first input's class (Tensor),
     linked to this node for backward unless gradients are off (Tensor.no_grad)."""
     tensor_type = type(tensors[0])
-    no_grad = tensor_type.no_grad
     ctx = cls(*tensors)
-    result = ctx.forward(*[t.lazydata for t in tensors], **kwargs)
-    out = tensor_type.from_lazy(result, False if no_grad else ctx.requires_grad)
-    if ctx.requires_grad is not False and not no_grad: out._ctx = ctx
+    result = ctx.forward(*map(_lazydata, tensors), **kwargs)
+    if tensor_type.no_grad: return tensor_type.from_lazy(result, False)
+    out = tensor_type.from_lazy(result, ctx.requires_grad)
+    if ctx.requires_grad is not False: out._ctx = ctx
     return out
+
+
+_lazydata = operator.attrgetter("lazydata")
 
 
 def _bool_to(x: LazyBuffer, like: LazyBuffer) -> LazyBuffer: return x.cast(like.dtype)
@@ -278,20 +289,25 @@ class Where(Function):
 
 
 # ---- reduce ----
+# The reduces take the result's `shape`, the reduced axes kept as 1s or dropped (keepdim=False): the reshape
+# that drops them is part of the op, not a recorded op of its own (one Function, Tensor and LazyBuffer less)
 class Sum(Function):
-  def forward(self, x: LazyBuffer, axis: tuple[int, ...]) -> LazyBuffer:
+  def forward(self, x: LazyBuffer, axis: tuple[int, ...], shape: tuple[int, ...]) -> LazyBuffer:
     self.input_shape = x.shape
-    return x.r(ReduceOps.SUM, axis)
-  def backward(self, grad: LazyBuffer) -> LazyBuffer: return grad.expand(self.input_shape)
+    out = x.r(ReduceOps.SUM, axis)
+    self.kept_shape = out.shape
+    return out.reshape(shape)
+  def backward(self, grad: LazyBuffer) -> LazyBuffer: return grad.reshape(self.kept_shape).expand(self.input_shape)
 
 
 class Max(Function):
   """Ties share the gradient evenly, as PyTorch's amax does."""
-  def forward(self, x: LazyBuffer, axis: tuple[int, ...]) -> LazyBuffer:
+  def forward(self, x: LazyBuffer, axis: tuple[int, ...], shape: tuple[int, ...]) -> LazyBuffer:
     self.x, self.axis = x, axis
     self.ret = x.r(ReduceOps.MAX, axis)
-    return self.ret
+    return self.ret.reshape(shape)
   def backward(self, grad: LazyBuffer) -> LazyBuffer:
+    grad = grad.reshape(self.ret.shape)
     is_max = _bool_to(self.x.e(BinaryOps.CMPEQ, self.ret.expand(self.x.shape)), grad)
     count = is_max.r(ReduceOps.SUM, self.axis).expand(self.x.shape)
     return is_max.e(BinaryOps.DIV, count).e(BinaryOps.MUL, grad.expand(self.x.shape))
@@ -360,12 +376,15 @@ class Permute(Function):
 
 
 class Expand(Function):
+  """x broadcast to `shape`, which may have more dims (x's shape is padded with leading 1s first: a reshape inside
+  the op, not one of its own)."""
   def forward(self, x: LazyBuffer, shape: tuple[int, ...]) -> LazyBuffer:
     self.input_shape = x.shape
-    return x.expand(shape)
+    self.padded = (1,) * (len(shape) - len(x.shape)) + x.shape
+    return x.reshape(self.padded).expand(shape)
   def backward(self, grad: LazyBuffer) -> LazyBuffer:
-    axes = tuple(i for i, (a, b) in enumerate(zip(self.input_shape, grad.shape)) if a != b)
-    return grad.r(ReduceOps.SUM, axes) if axes else grad
+    axes = tuple(i for i, (a, b) in enumerate(zip(self.padded, grad.shape)) if a != b)
+    return (grad.r(ReduceOps.SUM, axes) if axes else grad).reshape(self.input_shape)
 
 
 class Pad(Function):

@@ -20,6 +20,17 @@ from tinychad.ops import UnaryOps, TernaryOps, ReduceOps, LoadOps, COMPARISONS, 
 from tinychad.helpers import getenv, inverse_permutation, prod
 from tinychad.view import ShapeTracker
 
+# The scalar operands LazyBuffer.operand made, by (Python type, value, dtype, device, shape): a step records the same
+# few scalars (1, 0.5, a beta) at the same shapes at every op that uses them, and each new one costs a numpy
+# conversion and two LazyBuffers, and two more nodes in the graph that realize keys and schedules. A constant is
+# immutable until its base is computed (a realize of the constant itself, which an operand only meets inside the
+# engine): one computed since is replaced, so a graph reads it inline again. Sharing one among graphs changes
+# nothing the scheduler does: a constant is inlined into every kernel that reads it. Bounded: past MAX_OPERANDS
+# the table starts again.
+_operands: dict[tuple, LazyBuffer] = {}
+_SCALARS = (int, float, bool)
+MAX_OPERANDS = 4096
+
 # a reduce with this many inputs per output (or more) and fewer than SPLIT_PARTS outputs is split in two
 SPLIT_MIN_REDUCE = 1 << 17
 SPLIT_PARTS = 64
@@ -64,9 +75,23 @@ class LazyBuffer:
   @staticmethod
   def full(value, shape: tuple[int, ...], dtype: DType, device: str) -> LazyBuffer:
     """A constant: one scalar, broadcast by a zero-stride view, no memory."""
-    value = dtype.np(value).item()
-    const = LazyBuffer(device, ShapeTracker.from_shape(()), dtype, LoadOps.CONST, value)
+    const = LazyBuffer(device, ShapeTracker.from_shape(()), dtype, LoadOps.CONST, dtype.np(value).item())
     return LazyBuffer(device, _broadcast_tracker(tuple(shape)), dtype, base=const) if shape else const
+
+  @staticmethod
+  def operand(value, shape: tuple[int, ...], dtype: DType, device: str) -> LazyBuffer:
+    """full() for an op's scalar operand (the 2.0 of x * 2.0), shared with earlier calls (_operands). Only
+    operands: a tensor the user holds (Tensor.full, ones) gets a constant of its own, so that two of them never
+    come to share one buffer when computed."""
+    shape = tuple(shape)
+    key = (type(value), value, dtype, device, shape)
+    # 0.0 and -0.0 are equal keys, NaN equals nothing: those are made anew, as is any value but a Python scalar
+    if type(value) not in _SCALARS or value != value or value == 0: return LazyBuffer.full(value, shape, dtype, device)
+    made = _operands.get(key)
+    if made is None or made.base.realized is not None:
+      made = _operands[key] = LazyBuffer.full(value, shape, dtype, device)
+      if len(_operands) > MAX_OPERANDS: _operands.clear()
+    return made
 
   @staticmethod
   def empty(shape: tuple[int, ...], dtype: DType, device: str) -> LazyBuffer:

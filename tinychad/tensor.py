@@ -37,6 +37,9 @@ CUMSUM_BLOCK = 32   # a cumsum row longer than this is summed in blocks (Tensor.
 SORT_MAX = 8192     # sort/topk rank by n*n comparisons per row (and an n*n tie-break mask): refused beyond this
 
 
+_INT_TYPE = {int}
+
+
 def _shape_str(shape) -> str: return str(tuple(int(s) for s in shape))
 
 
@@ -106,7 +109,7 @@ class Tensor:
   # ---- running ----
   def realize(self, *others: Tensor) -> Tensor:
     """Compute this tensor (and `others`) now, in one schedule."""
-    realize([t.lazydata for t in (self,) + others])
+    realize([self.lazydata, *[t.lazydata for t in others]] if others else [self.lazydata])
     return self
 
   def schedule(self) -> list:
@@ -352,11 +355,13 @@ class Tensor:
 
   def permute(self, *order) -> Tensor:
     order = argfix(*order)
-    ndim = self.ndim
-    if len(order) != ndim: raise ValueError(f"permute: order {order} has {len(order)} dims but tensor of shape {_shape_str(self.shape)} has {ndim}")
-    order = tuple(self._axis(o, "permute") for o in order)
-    if len(set(order)) != ndim: raise ValueError(f"permute: {order} is not a permutation of the dims of shape {_shape_str(self.shape)}")
-    return self if order == tuple(range(ndim)) else F.Permute.apply(self, order=order)
+    ndim, natural = len(self.lazydata.shape), tuple(range(len(self.lazydata.shape)))
+    # the common case, a permutation of 0..ndim-1 as Python ints, needs no normalizing (negative axes, checks)
+    if len(order) != ndim or set(order) != set(natural) or not set(map(type, order)) <= _INT_TYPE:
+      if len(order) != ndim: raise ValueError(f"permute: order {order} has {len(order)} dims but tensor of shape {_shape_str(self.shape)} has {ndim}")
+      order = tuple(self._axis(o, "permute") for o in order)
+      if len(set(order)) != ndim: raise ValueError(f"permute: {order} is not a permutation of the dims of shape {_shape_str(self.shape)}")
+    return self if order == natural else F.Permute.apply(self, order=order)
 
   def expand(self, *shape) -> Tensor:
     shape = argfix(*shape)
@@ -372,10 +377,11 @@ class Tensor:
 
   def _broadcast_to(self, shape: tuple[int, ...]) -> Tensor:
     """expand() to a shape already checked (by the caller) to be a broadcast of self.shape."""
-    if shape == self.shape: return self
-    padded = (1,) * (len(shape) - self.ndim) + self.shape
-    x = self if padded == self.shape else F.Reshape.apply(self, shape=padded)
-    return x if shape == padded else F.Expand.apply(x, shape=shape)
+    lb = self.lazydata
+    if shape == lb.shape: return self
+    # one op (F.Expand pads the dims itself), unless only dims of 1 are added: then a reshape is all it is
+    if prod(shape) == lb.size: return F.Reshape.apply(self, shape=shape)
+    return F.Expand.apply(self, shape=shape)
 
   def pad(self, padding, mode: str = "constant", value: float = 0.0) -> Tensor:
     """`padding` is PyTorch's flat form (last dim first: (left, right, top, bottom, ...)) or one (before, after) pair per dim."""
@@ -557,30 +563,31 @@ class Tensor:
       if theirs.dtype is mine.dtype and theirs.shape == mine.shape and theirs.device == mine.device:
         return (other, x) if reverse else (x, other)
       y = other
-      if y.device != x.device: raise ValueError(f"{op}: tensors are on different devices {x.device} and {y.device}")
-      if y.dtype == x.dtype: dtype = x.dtype
+      if theirs.device != mine.device: raise ValueError(f"{op}: tensors are on different devices {x.device} and {y.device}")
+      if theirs.dtype is mine.dtype: dtype = mine.dtype
       else:
         groups = ([], [], [])
         for t in (x, y): groups[0 if t.ndim else 1].append(t.dtype)
         dtype = result_type(*groups)
     elif isinstance(other, (bool, int, float, np.generic)):
       other = other.item() if isinstance(other, np.generic) else other
-      dtype = _scalar_promotion(x.dtype, x.ndim > 0, scalar_dtype(other))
+      mine = x.lazydata
+      dtype = _scalar_promotion(mine.dtype, len(mine.shape) > 0, scalar_dtype(other))
       # a scalar has no gradient and broadcasts to x's shape: it is made at that shape directly, a
       # constant seen through one zero-stride view, instead of a 0-d tensor reshaped and expanded by
       # two recorded ops (most scalar ops in a composite like erf or gelu cost a third less)
-      y = Tensor.from_lazy(LazyBuffer.full(other, x.shape, dtype, x.device), None)
-      x = x.cast(dtype)
+      y = Tensor.from_lazy(LazyBuffer.operand(other, mine.shape, dtype, mine.device), None)
+      if dtype is not mine.dtype: x = x.cast(dtype)
       return (y, x) if reverse else (x, y)
     else:
       raise TypeError(f"{op}: unsupported operand type {type(other).__name__} with Tensor")
     if reverse: x, y = y, x
     x, y = x.cast(dtype), y.cast(dtype)
-    shape = _broadcast_shape(x.shape, y.shape, op)
+    shape = _broadcast_shape(x.lazydata.shape, y.lazydata.shape, op)
     return x._broadcast_to(shape), y._broadcast_to(shape)
 
   # ---- elementwise math ----
-  def _float(self) -> Tensor: return self if self.dtype.is_float else self.cast(dtypes.default_float)
+  def _float(self) -> Tensor: return self if self.lazydata.dtype.is_float else self.cast(dtypes.default_float)
 
   def neg(self) -> Tensor:
     if self.dtype == dtypes.bool: raise TypeError("neg: negation of a bool tensor is not supported, use ~ or logical_not()")
@@ -737,11 +744,11 @@ class Tensor:
     return F.Add.apply(x, y)
   def sub(self, other, reverse: bool = False) -> Tensor:
     x, y = self._broadcasted(other, "sub", reverse)
-    if x.dtype == dtypes.bool: raise TypeError("sub: subtraction of bool tensors is not supported, use ^ or logical_xor()")
+    if x.lazydata.dtype is dtypes.bool: raise TypeError("sub: subtraction of bool tensors is not supported, use ^ or logical_xor()")
     return F.Sub.apply(x, y)
   def mul(self, other, reverse: bool = False) -> Tensor:
     x, y = self._broadcasted(other, "mul", reverse)
-    if x.dtype == dtypes.bool: return x & y
+    if x.lazydata.dtype is dtypes.bool: return x & y
     return F.Mul.apply(x, y)
   def div(self, other, reverse: bool = False, rounding_mode: str | None = None) -> Tensor:
     if rounding_mode == "floor": return self.floor_divide(other, reverse)
@@ -858,13 +865,14 @@ class Tensor:
   def logical_or(self, other) -> Tensor: return self.bool() | (other.bool() if isinstance(other, Tensor) else bool(other))
   def logical_xor(self, other) -> Tensor: return self.bool() ^ (other.bool() if isinstance(other, Tensor) else bool(other))
 
-  def __add__(self, other) -> Tensor: return self.add(other)
+  # the four arithmetic operators are the methods themselves (reverse=False), one Python call less per op
+  __add__ = add
   def __radd__(self, other) -> Tensor: return self.add(other, True)
-  def __sub__(self, other) -> Tensor: return self.sub(other)
+  __sub__ = sub
   def __rsub__(self, other) -> Tensor: return self.sub(other, True)
-  def __mul__(self, other) -> Tensor: return self.mul(other)
+  __mul__ = mul
   def __rmul__(self, other) -> Tensor: return self.mul(other, True)
-  def __truediv__(self, other) -> Tensor: return self.div(other)
+  __truediv__ = div
   def __rtruediv__(self, other) -> Tensor: return self.div(other, True)
   def __floordiv__(self, other) -> Tensor: return self.floor_divide(other)
   def __rfloordiv__(self, other) -> Tensor: return self.floor_divide(other, True)
@@ -881,26 +889,26 @@ class Tensor:
 
   # ---- reductions ----
   def _reduce(self, fn, axis, keepdim: bool, op: str) -> Tensor:
+    """fn(x, axes, shape): one autograd op reducing x over axes, its result seen with `shape` (keepdim's or not)."""
     axes = self._axes(axis, op)
-    if self.ndim == 0: return fn(self.reshape(1), (0,)).reshape(()) if axes == () or axes == (0,) else self
-    out = fn(self, axes) if axes else self
-    if keepdim: return out
-    kept = tuple(s for i, s in enumerate(self.shape) if i not in axes)
-    return out if kept == out.shape else F.Reshape.apply(out, shape=kept)
+    if self.ndim == 0: return fn(self.reshape(1), (0,), ()) if axes == () or axes == (0,) else self
+    if not axes: return self
+    if keepdim: return fn(self, axes, tuple(1 if i in axes else s for i, s in enumerate(self.shape)))
+    return fn(self, axes, tuple(s for i, s in enumerate(self.shape) if i not in axes))
 
   def sum(self, axis=None, keepdim: bool = False, dtype=None, dim=None) -> Tensor:
     if dim is not None: axis = dim
     x = self
     if dtype is not None: x = x.cast(dtype)
     elif not x.dtype.is_float: x = x.cast(dtypes.int64)
-    return x._reduce(lambda t, axes: F.Sum.apply(t, axis=axes), axis, keepdim, "sum")
+    return x._reduce(lambda t, axes, shape: F.Sum.apply(t, axis=axes, shape=shape), axis, keepdim, "sum")
 
   def max(self, axis=None, keepdim: bool = False, dim=None):
     """The maximum over axis (tinygrad's form, positional or axis=: the values). With dim= (PyTorch's keyword) the
     result is PyTorch's (values, indices) named tuple: the keyword says which framework's habit the caller has."""
     if dim is not None: return self._values_indices(self.argmax(dim, keepdim=True), dim, keepdim)
     self._check_not_empty(axis, "max")
-    return self._reduce(lambda t, axes: F.Max.apply(t, axis=axes), axis, keepdim, "max")
+    return self._reduce(lambda t, axes, shape: F.Max.apply(t, axis=axes, shape=shape), axis, keepdim, "max")
 
   def min(self, axis=None, keepdim: bool = False, dim=None):
     """As max: the values, or (values, indices) with dim=."""

@@ -26,8 +26,9 @@ from dataclasses import dataclass
 from typing import Callable, Iterator
 from tinychad.codegen import Program, lower_item
 from tinychad.device import Buffer, Device
-from tinychad.engine.schedule import ScheduleItem, create_schedule
-from tinychad.helpers import DEBUG, GlobalCounters, getenv
+from tinychad.engine.schedule import ScheduleItem, schedule_graph
+from tinychad.engine.schedule_cache import Template, graph_key, lookup
+from tinychad.helpers import DEBUG, GlobalCounters, any_flag, getenv
 from tinychad.lazy import LazyBuffer
 from tinychad.ops import LoadOps
 from tinychad.runtime.cache import cache_key, code_version, read_record, tree_text, write_record
@@ -69,9 +70,17 @@ def realize(outs: list[LazyBuffer]) -> None:
   # a view of a computed buffer is never copied, so already-computed outputs leave nothing to do
   # (TinyJit realizes its inputs on every call)
   for out in outs:
-    if out.base.realized is None: break
+    if (out if out._base is None else out._base).realized is None: break
   else: return
-  items = create_schedule(outs)
+  key, nodes = graph_key(outs)
+  template = lookup(key)
+  # the prepared launch runs kernels only: what needs ScheduleItems (a capture, DEBUG's lines, GRAPH, PORT) takes
+  # the long way
+  plain = not _captures and not any_flag("DEBUG", "GRAPH", "PORT")
+  if plain and template is not None and template.launch is not None and template.launch.current():
+    run_launch(template.launch, nodes)
+    return
+  items, template = schedule_graph(outs, key, nodes, template)
   if getenv("GRAPH", 0):
     from tinychad.viz import save_graphs
     for path in save_graphs(outs, items): print(f"graph: {path}")
@@ -79,6 +88,7 @@ def realize(outs: list[LazyBuffer]) -> None:
     from tinychad.export import write_port
     write_port(outs, items)
   run_schedule(items)
+  if plain: template.launch = Launch.prepare(template, items)
 
 
 def run_schedule(items: list[ScheduleItem]) -> None:
@@ -117,6 +127,66 @@ def run_schedule(items: list[ScheduleItem]) -> None:
     elapsed = time.perf_counter() - start
     compiling = f" ({building * 1e3:.2f} ms of it loading and building kernels)" if building else ""
     print(f"realize: {len(items)} items, {kernels} kernels, {elapsed*1e3:.2f} ms{compiling}")
+
+
+class Launch:
+  """A remembered schedule (schedule_cache.Template) prepared to run again without ScheduleItems, kernel lookups
+  or thread decisions: per item, where its output goes (a position in the graph's nodes, or -1-i for the i'th
+  buffer the scheduler made), the output buffer's (device, size, dtype), the inputs' places, a call that runs the
+  loaded kernel on the buffers (None: the item only allocates, as EMPTY or an empty output does) and the item's
+  counter info.
+  Why a hit is right: it hangs on the template, so it is found by the graph's key, which fixes every op, argument,
+  view, dtype, device and shape, which buffers are shared, and NOOPT; so the items, their kernel trees and the
+  kernels the devices loaded for them (never replaced once loaded) are the ones run_schedule would use, and only
+  the buffers differ, which are read from this graph's nodes on each run. A schedule that copies between devices
+  (a copy is no kernel) or runs kernels on two devices is not prepared, so a launch runs on one device, and
+  `programs` is that device's table of loaded kernels when it was prepared: a device whose table is replaced (the
+  tests' set_noopt forgets every kernel) makes the launch `current()` no more, and the schedule runs the long way,
+  building its kernels again."""
+  __slots__ = ("steps", "made", "device", "programs")
+
+  def __init__(self, steps: list[tuple], made: int, device):
+    self.steps, self.made, self.device = steps, made, device
+    self.programs = device.programs if device is not None else None
+
+  def current(self) -> bool: return self.device is None or self.device.programs is self.programs
+
+  @staticmethod
+  def prepare(template: Template, items: list[ScheduleItem]) -> Launch | None:
+    """The launch of a template whose items have just run (so their kernels are loaded); None if one can't be."""
+    steps, device = [], None
+    for (ast, out, ins, info), item in zip(template.steps, items):
+      if ast.op is LoadOps.COPY: return None
+      output, call = item.output, None
+      if item.is_kernel and output.size > 0:
+        if device is not None and Device[output.device] is not device: return None   # outputs on two devices
+        device = Device[output.device]
+        program = device.programs.get((ast, info[0]))
+        if program is None: return None
+        call = device.launcher(program, info[3]) if isinstance(device, Compiled) else _runner(device, program, info[3])
+      steps.append((out, (output.device, output.size, output.dtype), ins, call, info))
+    return Launch(steps, len(template.made), device)
+
+
+def _runner(device, program, points: int) -> Callable[[list[Buffer]], None]:
+  return lambda bufs: device.run(program, bufs, points)
+
+
+def run_launch(launch: Launch, nodes: list[LazyBuffer]) -> None:
+  """A prepared launch over this graph's nodes: run_schedule's work (buffers, kernels, counters) without the items."""
+  made: list[Buffer | None] = [None] * launch.made
+  for out, (device, size, dtype), ins, call, info in launch.steps:
+    buf = Buffer(device, size, dtype).allocate()
+    if call is not None:
+      bufs = [buf]
+      for i in ins: bufs.append(nodes[i].realized if i >= 0 else made[-1 - i])
+      t0 = time.perf_counter()
+      call(bufs)
+      _count(info, time.perf_counter() - t0)
+    if out >= 0:
+      lb = nodes[out]
+      lb.realized, lb.srcs = buf, ()
+    else: made[-1 - out] = buf
 
 
 def loaded_program(item: ScheduleItem):

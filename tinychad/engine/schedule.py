@@ -52,7 +52,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 from tinychad.codegen.pack import Panels, pack_plan, split_lanes
 from tinychad.codegen.refine import refine_kernel_shape
-from tinychad.engine.schedule_cache import graph_key, remember, remembered
+from tinychad.engine.schedule_cache import GraphKey, Template, graph_key, lookup, remember
 from tinychad.helpers import getenv, prod, toposort
 from tinychad.lazy import LazyBuffer
 from tinychad.ops import BufferOps, KernelNode, LoadOps, ReduceOps, ALU_OPS, rebuild, rewrite
@@ -471,13 +471,17 @@ def create_schedule(outs: list[LazyBuffer]) -> list[ScheduleItem]:
   """The kernels that compute `outs`: the ones made for an earlier graph of the same shape
   (engine/schedule_cache.py), else made now and remembered."""
   key, nodes = graph_key(outs)
-  items = remembered(key, nodes, _item_from_template)
-  if items is None:
-    scheduler = _Scheduler(outs)
-    scheduler.schedule()
-    items = scheduler.items
-    remember(key, nodes, items)
-  return items
+  return schedule_graph(outs, key, nodes, lookup(key))[0]
+
+
+def schedule_graph(outs: list[LazyBuffer], key: GraphKey | tuple, nodes: list[LazyBuffer],
+                   template: Template | None) -> tuple[list[ScheduleItem], Template]:
+  """create_schedule for a graph whose key, nodes and template (None: not seen yet) are known: its
+  items, and the template that remembers them."""
+  if template is not None: return template.items(nodes, _item_from_template), template
+  scheduler = _Scheduler(outs)
+  scheduler.schedule()
+  return scheduler.items, remember(key, nodes, scheduler.items)
 
 
 def _item_from_template(ast: KernelNode, output: LazyBuffer, inputs: tuple[LazyBuffer, ...], info: tuple) -> ScheduleItem:

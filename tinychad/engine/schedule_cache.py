@@ -10,7 +10,10 @@ device, shape and its sources' positions. Which buffers are shared, and which ar
 Two graphs with equal keys differ only in which buffers they hold, so the scheduler's fusion choices
 and kernel trees are the same: a ScheduleItem is kept as its kernel tree and the positions of its
 output and inputs. Buffers the scheduler made itself (packed panels) are made anew each time.
-The key is a GraphKey, which hashes its entries once: the cache looks it up and reorders it (LRU).
+A big graph's key is a GraphKey, which hashes its entries once: the cache looks it up and reorders it (LRU).
+A template also keeps `launch`, what engine/realize.py prepared to run it again without ScheduleItems
+(the kernels loaded, the buffers' sizes); it lives and dies with the template, so it is keyed as the
+template is, and dropping the cache (the tests' fixture does) drops it too.
 """
 from __future__ import annotations
 from collections import OrderedDict
@@ -21,6 +24,11 @@ from tinychad.lazy import LazyBuffer
 from tinychad.ops import KernelNode, LoadOps
 
 MAX_SCHEDULES = 1024     # graph shapes remembered, least recently used forgotten first
+# a graph of more nodes is keyed by a GraphKey (its hash kept); a smaller one (and the one-op graphs, graph_key's
+# eager case) by its key tuple itself, whose C-level hash, done twice per lookup (get, move_to_end), costs less
+# than GraphKey's Python-level __hash__ and __eq__. Measured: a 3-node key looks up in 0.45 us as a tuple; a
+# 30-node one (gelu) in 4.5 us as a tuple, 1.9 us as a GraphKey
+SMALL_GRAPH = 8
 
 
 def _arg_key(arg: Any) -> Any:
@@ -58,24 +66,60 @@ def _key_sources(lb: LazyBuffer) -> tuple[LazyBuffer, ...]:
   return lb.srcs if lb.realized is None else ()
 
 
-def graph_key(outs: list[LazyBuffer]) -> tuple[GraphKey, list[LazyBuffer]]:
+def _one_op_graph(out: LazyBuffer) -> tuple[list[tuple], list[LazyBuffer]] | None:
+  """graph_key's entries and nodes for the eager case, one op whose sources are leaves or views of leaves (a
+  computed buffer, a constant), in one pass instead of the generic walk: the same entries and nodes in the same
+  order (test_schedule_cache checks it); None for any other graph."""
+  if out._base is not None or out.realized is not None: return None
+  nodes, entries, position = [], [], {}
+  for src in out.srcs:
+    if src in position: continue
+    base = src._base
+    leaf = src if base is None else base
+    if leaf not in position:
+      if leaf.realized is not None: entries.append((leaf.device, leaf.dtype, leaf.shape))
+      elif leaf.srcs: return None
+      else: entries.append((leaf.op, _arg_key(leaf.arg), leaf.dtype, leaf.device, leaf.shape, ()))
+      position[leaf] = len(nodes)
+      nodes.append(leaf)
+    if base is not None:
+      entries.append((src.st, position[base]))
+      position[src] = len(nodes)
+      nodes.append(src)
+  arg, srcs = out.arg, tuple(map(position.__getitem__, out.srcs))
+  entries.append((out.op, arg if arg is None else _arg_key(arg), out.dtype, out.device, out.shape, srcs))
+  nodes.append(out)
+  return entries, nodes
+
+
+def graph_key(outs: list[LazyBuffer]) -> tuple[GraphKey | tuple, list[LazyBuffer]]:
   """(key, nodes): the key of the graph under `outs`, and its LazyBuffers in key order (sources first)."""
+  one_op = _one_op_graph(outs[0]) if len(outs) == 1 else None
+  if one_op is not None:
+    entries, nodes = one_op
+    return (tuple(entries), (len(nodes) - 1,), getenv("NOOPT", 0)), nodes
   nodes = toposort(outs, _key_sources)
-  position = {lb: i for i, lb in enumerate(nodes)}
+  position = dict(zip(nodes, range(len(nodes))))
+  at = position.__getitem__
   entries = []
   for lb in nodes:
     base = lb._base
     if base is not None: entries.append((lb.st, position[base]))
     elif lb.realized is not None: entries.append((lb.device, lb.dtype, lb.shape))
-    else: entries.append((lb.op, _arg_key(lb.arg), lb.dtype, lb.device, lb.shape, tuple([position[s] for s in lb.srcs])))
+    else:
+      arg = lb.arg
+      entries.append((lb.op, arg if arg is None else _arg_key(arg), lb.dtype, lb.device, lb.shape, tuple(map(at, lb.srcs))))
   # NOOPT changes what the scheduler packs
-  return GraphKey((tuple(entries), tuple([position[out] for out in outs]), getenv("NOOPT", 0))), nodes
+  key = (tuple(entries), tuple([position[out] for out in outs]), getenv("NOOPT", 0))
+  return (GraphKey(key) if len(entries) > SMALL_GRAPH else key), nodes
 
 
-class _Template:
+class Template:
   """A schedule over positions: (kernel tree, output, inputs, info) per item, where a position < 0
-  is the -1-i'th buffer the scheduler made itself, remade from `made` = (device, view, dtype)."""
+  is the -1-i'th buffer the scheduler made itself, remade from `made` = (device, view, dtype).
+  `launch` is None until realize prepares one (engine/realize.py: Launch)."""
   def __init__(self, items: list, nodes: list[LazyBuffer]):
+    self.launch: Any = None
     position = {lb: i for i, lb in enumerate(nodes)}
     made: dict[LazyBuffer, int] = {}
     def ref(lb: LazyBuffer) -> int:
@@ -92,17 +136,17 @@ class _Template:
     return [make(ast, nodes[out], tuple([nodes[i] for i in ins]), info) for ast, out, ins, info in self.steps]
 
 
-_templates: OrderedDict[GraphKey, _Template] = OrderedDict()
+_templates: OrderedDict[GraphKey | tuple, Template] = OrderedDict()
 
 
-def remembered(key: GraphKey, nodes: list[LazyBuffer], make: Callable) -> list | None:
-  """The items scheduled before for a graph with this key, over `nodes`; None if there were none."""
+def lookup(key: GraphKey | tuple) -> Template | None:
+  """The template of the graphs with this key, if one was scheduled (and not forgotten since)."""
   template = _templates.get(key)
-  if template is None: return None
-  _templates.move_to_end(key)
-  return template.items(nodes, make)
+  if template is not None: _templates.move_to_end(key)
+  return template
 
 
-def remember(key: GraphKey, nodes: list[LazyBuffer], items: list) -> None:
-  _templates[key] = _Template(items, nodes)
+def remember(key: GraphKey | tuple, nodes: list[LazyBuffer], items: list) -> Template:
+  template = _templates[key] = Template(items, nodes)
   if len(_templates) > MAX_SCHEDULES: _templates.popitem(last=False)
+  return template

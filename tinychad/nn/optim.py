@@ -122,6 +122,7 @@ class SGD(Optimizer):
   def _state(self) -> dict[str, list[Tensor | None]]: return {"velocity": self.velocity}
 
   def step(self) -> None:
+    lrs = {}   # each group's lr cast to each parameter dtype once per step, not once per parameter
     for i, p, g, group in self._grads():
       momentum = group["momentum"]
       if momentum:
@@ -129,7 +130,8 @@ class SGD(Optimizer):
         if v is None: v = self.velocity[i] = g.contiguous()
         else: v.assign(momentum * v + (1 - group["dampening"]) * g)
         g = g + momentum * v if group["nesterov"] else v
-      p.assign(p.detach() - self._lr(group) * g)
+      if (id(group), g.dtype) not in lrs: lrs[(id(group), g.dtype)] = self._lr(group).cast(g.dtype)
+      p.assign(p.detach() - lrs[(id(group), g.dtype)] * g)
     self._realize(*[v for v in self.velocity if v is not None])
 
 
@@ -153,17 +155,24 @@ class Adam(Optimizer):
   def _state(self) -> dict[str, list[Tensor | None]]: return {"m": self.m, "v": self.v, "powers": self.powers}
 
   def step(self) -> None:
-    index = {id(group): k for k, group in enumerate(self.param_groups)}
     for k, group in enumerate(self.param_groups):
       for power, beta in zip(self.powers[2 * k:2 * k + 2], group["betas"]): power.assign(power * beta)
+    # a group's 0-d factors, recorded once per step and cast once per parameter dtype, rather than both once per
+    # parameter (eager, each is a few recorded ops; the cast is the one each product with a parameter would make)
+    factors, cast = {}, {}
+    for k, group in enumerate(self.param_groups):
+      lr, b1_t, b2_t = self._lr(group), self.powers[2 * k], self.powers[2 * k + 1]
+      decay = 1 - lr * group["weight_decay"] if self.decoupled and group["weight_decay"] else None
+      factors[id(group)] = (decay, lr / (1 - b1_t), (1 - b2_t).sqrt())
     for i, p, g, group in self._grads(None if self.decoupled else "weight_decay"):
-      (b1, b2), lr, k = group["betas"], self._lr(group), index[id(group)]
-      b1_t, b2_t = self.powers[2 * k], self.powers[2 * k + 1]
-      if self.decoupled and group["weight_decay"]: p.assign(p.detach() * (1 - lr * group["weight_decay"]))
+      if (id(group), p.dtype) not in cast:
+        cast[(id(group), p.dtype)] = tuple(None if f is None else f.cast(p.dtype) for f in factors[id(group)])
+      (b1, b2), (decay, step_size, bias2) = group["betas"], cast[(id(group), p.dtype)]
+      if decay is not None: p.assign(p.detach() * decay)
       self.m[i].assign(b1 * self.m[i] + (1 - b1) * g)
       self.v[i].assign(b2 * self.v[i] + (1 - b2) * g * g)
-      denom = self.v[i].sqrt() / (1 - b2_t).sqrt() + group["eps"]
-      p.assign(p.detach() - (lr / (1 - b1_t)) * self.m[i] / denom)
+      denom = self.v[i].sqrt() / bias2 + group["eps"]
+      p.assign(p.detach() - step_size * self.m[i] / denom)
     self._realize(*self.m, *self.v, *self.powers)
 
 

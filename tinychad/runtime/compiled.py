@@ -18,9 +18,12 @@ engine/realize.py drives the steps (lower, render, compile, load, run) and fills
 """
 from __future__ import annotations
 import ctypes
-from typing import Any, NamedTuple
+import operator
+from typing import Any, Callable, NamedTuple
 from tinychad.runtime.cache import cache_key, cached_bytes, memoize, stored_bytes
-from tinychad.runtime.threads import run_parallel
+from tinychad.runtime.threads import MIN_PARALLEL_WORK, run_parallel
+
+_address = operator.attrgetter("address")
 
 
 class Kernel(NamedTuple):
@@ -74,3 +77,14 @@ class Compiled:
     """The kernel over its whole parallel loop on `bufs`; `points` (its iteration space) decides the threads."""
     fn, parallel, address, _ = kernel
     run_parallel(fn, [b.allocate().address for b in bufs], parallel, points, address)
+
+  def launcher(self, kernel: Kernel, points: int) -> Callable[[list], None]:
+    """run(kernel, bufs, points) with what depends only on the kernel decided once (a remembered schedule's
+    launch, engine/realize.py): a kernel too small for threads whatever THREADS says (run_parallel's rule)
+    is its ctypes function called over its whole loop; a bigger one goes through run(), which reads the
+    thread count each time, as does every kernel of a device with a run() of its own (OPENCL's queue). The
+    buffers must be allocated (a realized buffer, or one just allocated)."""
+    if points >= MIN_PARALLEL_WORK or type(self).run is not Compiled.run:
+      return lambda bufs: self.run(kernel, bufs, points)
+    fn, end = kernel.fn, max(kernel.parallel, 1)
+    return lambda bufs: fn(*map(_address, bufs), 0, end)
