@@ -187,3 +187,31 @@ def test_replayed_named_step_trains_like_plain_python(name):
   plain = [plain_fn.fn(x, y).item() for _ in range(6)]
   np.testing.assert_allclose(jitted, plain, rtol=1e-6)
   np.testing.assert_allclose(namespace["l1"].weight.numpy(), plain_namespace["l1"].weight.numpy(), rtol=1e-6)
+
+
+def test_inference_replay_skips_the_kernels_of_unchanged_weights(monkeypatch):
+  """A convolution's forward copies its weight channels-last; for inference the weights don't change, so a
+  replay skips that kernel (it wrote the same values last time), until a weight is assigned outside."""
+  from tinychad import nn, no_grad
+  from tinychad.engine import jit as jit_module
+  Tensor.manual_seed(0)
+  conv, head = nn.Conv2d(3, 16, 3, padding=1), nn.Linear(16, 4)
+
+  def forward(x):
+    with no_grad(): return head(conv(x).relu().mean((2, 3))).realize()
+  jitted = TinyJit(forward)
+  ran = []
+  real_run = jit_module.run_kernel
+  monkeypatch.setattr(jit_module, "run_kernel", lambda item, bufs: (ran.append(item.name), real_run(item, bufs)))
+  per_call = []
+  for i in range(6):
+    if i == 4: conv.weight.assign(conv.weight * 2).realize()       # outside the jitted call: rebinds the weight
+    x = Tensor.randn(2, 3, 8, 8).realize()
+    ran.clear()
+    out = jitted(x)
+    per_call.append(len(ran))
+    np.testing.assert_allclose(out.numpy(), forward(x).numpy(), rtol=1e-5, atol=1e-6)
+  recorded = len(jitted.recording.steps)
+  # calls 1-2 run and record; 3 replays all but the constant kernels; 5 (new weight) runs them again, 6 skips them
+  assert per_call[2] < recorded and per_call[3] == per_call[2]
+  assert per_call[4] == recorded and per_call[5] == per_call[2]

@@ -15,6 +15,10 @@ function reads (say `optimizer.lr`) is baked into the kernels as a constant: the
 plain numbers reachable from the function's arguments, closure and globals (not through a TinyJit: a
 jitted `step` that calls `opt.step()` sees itself among its globals), and records afresh when one
 changes rather than replaying a stale value.
+Constant kernels: a kernel that reads only buffers from outside the call (weights of a model run for
+inference: the channels-last copies a convolution makes of its weight), directly or through other such
+kernels, wrote the same values on the last run, so a replay skips it while those buffers are the same
+ones (a tensor assigned outside the call since rebinds them: the next replay runs them again).
 """
 from __future__ import annotations
 import functools
@@ -43,6 +47,9 @@ class _Recording:
     self.structure: Any = None                            # what the function returned, to rebuild on replay
     self.external: set[int] = set()                       # buffers read but not written by the recording
     self.rebound: dict[int, Any] = {}                     # external buffer -> tensor assigned since, outside
+    self.constant: set[int] = set()                       # indices of the steps that read only external buffers
+    self.constant_reads: list[Buffer] = []                # the external buffers those steps read
+    self.constant_key: tuple = ()                         # the buffers they were last run on
 
 
 _active: _Recording | None = None
@@ -180,6 +187,7 @@ class TinyJit:
     # buffers the recording reads but did not write: tensors assigned later (outside) rebind them
     written = {id(bufs[0]) for _, bufs in recording.steps}
     recording.external = {id(b) for _, bufs in recording.steps for b in bufs[1:] if id(b) not in written}
+    _find_constant_steps(recording)
     self.recording = recording
     _live_jits.add(self)
     return out
@@ -196,7 +204,11 @@ class TinyJit:
     swap.update(fresh)
     for buf, redraw in rec.random: swap[id(buf)] = Buffer(buf.device, buf.size, buf.dtype).copyin(redraw())
     debug = DEBUG()
-    for item, bufs in rec.steps:
+    constant_key = tuple(id(swap.get(id(b), b)) for b in rec.constant_reads)
+    skip = rec.constant if constant_key == rec.constant_key else ()
+    rec.constant_key = constant_key
+    for index, (item, bufs) in enumerate(rec.steps):
+      if index in skip: continue
       mapped = [swap.get(id(b), b) for b in bufs]
       if item is None:
         mapped[0].copyin(mapped[1].as_numpy())
@@ -211,6 +223,25 @@ class TinyJit:
       tensor.lazydata = _wrap(swap[id(after)], base_shape, st)
     outs = [cls.from_lazy(_wrap(swap[id(buf)], base_shape, st), None) for cls, buf, base_shape, st in rec.outputs]
     return _rebuild(rec.structure, iter(outs))
+
+
+def _find_constant_steps(rec: _Recording) -> None:
+  """Mark the steps whose every input is an external buffer or a constant step's output (not an input, an
+  assigned tensor, a random draw, nor what a host step writes), writing no output of the call."""
+  varying = {id(b) for b in rec.inputs} | {id(before) for _, before in rec.assigned.values()} | {id(b) for b, _ in rec.random}
+  fresh = {id(buf) for _, buf, _, _ in rec.outputs} | {id(after) for _, after, _, _ in rec.assigned_after}
+  host_written = {id(bufs[0]) for item, bufs in rec.steps if isinstance(item, HostCall)}
+  reads: dict[int, Buffer] = {}
+  for index, (item, bufs) in enumerate(rec.steps):
+    out, ins = bufs[0], bufs[1:]
+    if isinstance(item, HostCall) or id(out) in fresh or id(out) in host_written or any(id(b) in varying for b in ins):
+      varying.add(id(out))
+      continue
+    rec.constant.add(index)
+    reads.update((id(b), b) for b in ins if id(b) in rec.external)
+  rec.constant_reads = list(reads.values())
+  # the recorded call ran them on the buffers themselves
+  rec.constant_key = tuple(id(b) for b in rec.constant_reads)
 
 
 def _cell_filled(cell) -> bool:
