@@ -188,7 +188,8 @@ def test_linear_weight_gradient_is_one_sum_over_every_row():
   every row; with w broadcast over the batch it was a (batch, k, m) sum per batch index, then a second."""
   x, w = rand(4, 6, 8), Tensor.randn(8, 5, requires_grad=True).realize()
   (x @ w).sum().backward()
-  reduces = [item for item in w.grad.schedule() if item.is_kernel and any(isinstance(n.op, ReduceOps) for n in item.ast.walk())]
+  reduces = [item for item in w.grad.schedule()
+             if item.is_kernel and any(isinstance(n.op, ReduceOps) for n in item.ast.walk())]
   assert len(reduces) == 1
   np.testing.assert_allclose(w.grad.numpy(), x.numpy().reshape(24, 8).sum(0)[:, None].repeat(5, 1), rtol=1e-5, atol=1e-5)
 
@@ -329,8 +330,8 @@ def test_overlapping_max_pool_gradient_is_elementwise(channels_last):
   assert len(items) <= 4 and all(len(load.arg[1].views) == 1 for item in items for load in _loads(item))
   grad = leaf.grad.permute(0, 3, 1, 2) if channels_last else leaf.grad
   windows = torch.nn.functional.unfold(torch.tensor(data), 3, padding=1, stride=2).reshape(2, 4, 9, 6, 6)
-  windows = torch.where(torch.nn.functional.unfold(torch.ones(1, 1, 12, 12), 3, padding=1, stride=2).reshape(1, 1, 9, 6, 6) > 0,
-                        windows, -math.inf)
+  inside = torch.nn.functional.unfold(torch.ones(1, 1, 12, 12), 3, padding=1, stride=2).reshape(1, 1, 9, 6, 6) > 0
+  windows = torch.where(inside, windows, -math.inf)
   is_max = (windows == windows.amax(2, keepdim=True)).float()
   spread = is_max / is_max.sum(2, keepdim=True) * torch.tensor(g.numpy()).reshape(2, 4, 1, 6, 6)
   expected = torch.nn.functional.fold(spread.reshape(2, 36, 36), (12, 12), 3, padding=1, stride=2)

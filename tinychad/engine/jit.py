@@ -228,7 +228,8 @@ class TinyJit:
 def _find_constant_steps(rec: _Recording) -> None:
   """Mark the steps whose every input is an external buffer or a constant step's output (not an input, an
   assigned tensor, a random draw, nor what a host step writes), writing no output of the call."""
-  varying = {id(b) for b in rec.inputs} | {id(before) for _, before in rec.assigned.values()} | {id(b) for b, _ in rec.random}
+  varying = {id(b) for b in rec.inputs} | {id(before) for _, before in rec.assigned.values()}
+  varying |= {id(b) for b, _ in rec.random}
   fresh = {id(buf) for _, buf, _, _ in rec.outputs} | {id(after) for _, after, _, _ in rec.assigned_after}
   host_written = {id(bufs[0]) for item, bufs in rec.steps if isinstance(item, HostCall)}
   reads: dict[int, Buffer] = {}
