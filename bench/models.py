@@ -171,11 +171,14 @@ def define(lib: SimpleNamespace) -> SimpleNamespace:
 @dataclass
 class Run:
   """One workload built in one library: `call()` is timed (the work done and realized); `output()` is the
-  one output compared with the torch twin; `model` is what the twin's weights load into."""
+  one output compared with the torch twin; `model` is what the twin's weights load into. `call` takes
+  `inputs` (the batch), as a user's jitted step takes its batch: a TinyJit reads them as its inputs, where
+  tensors it finds in a closure are fixed data whose kernels a replay may skip (engine/jit.py)."""
   model: object
-  call: Callable[[], object]
+  call: Callable[..., object]
   output: Callable[[], object]
   jittable: bool = True
+  inputs: tuple = ()
 
 
 @dataclass
@@ -202,10 +205,10 @@ def _done(lib: SimpleNamespace, *tensors):
   return tensors[0]
 
 
-def _train_step(lib: SimpleNamespace, model, opt, loss_of: Callable) -> Callable[[], object]:
-  def step():
+def _train_step(lib: SimpleNamespace, model, opt, loss_of: Callable) -> Callable[..., object]:
+  def step(*inputs):
     opt.zero_grad()
-    loss = loss_of()
+    loss = loss_of(*inputs)
     loss.backward()
     opt.step()
     return _done(lib, loss)
@@ -223,9 +226,9 @@ def resnet_inference(lib: SimpleNamespace, quick: bool) -> Run:
   model.eval()
   (images,) = _inputs(lib, _rng().standard_normal((batch, 3, size, size)).astype("float32"))
 
-  def call():
+  def call(images):
     with lib.no_grad(): return _done(lib, model(images))
-  return Run(model, call, call)
+  return Run(model, call, lambda: call(images), inputs=(images,))
 
 
 def resnet_train(lib: SimpleNamespace, quick: bool) -> Run:
@@ -235,8 +238,8 @@ def resnet_train(lib: SimpleNamespace, quick: bool) -> Run:
   rng = _rng()
   images, labels = _inputs(lib, rng.standard_normal((batch, 3, size, size)).astype("float32"), rng.integers(0, 1000, batch))
   opt = lib.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-  return Run(model, _train_step(lib, model, opt, lambda: lib.F.cross_entropy(model(images), labels)),
-             lambda: _done(lib, model(images)))
+  return Run(model, _train_step(lib, model, opt, lambda images, labels: lib.F.cross_entropy(model(images), labels)),
+             lambda: _done(lib, model(images)), inputs=(images, labels))
 
 
 def gpt_sizes(quick: bool) -> dict:
@@ -252,8 +255,8 @@ def gpt_train(lib: SimpleNamespace, quick: bool) -> Run:
   rng = _rng()
   tokens, targets = _inputs(lib, *(rng.integers(0, sizes["vocab"], (batch, steps)) for _ in range(2)))
   opt = lib.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1)
-  loss_of = lambda: lib.F.cross_entropy(model(tokens).reshape(batch * steps, sizes["vocab"]), targets.reshape(batch * steps))  # noqa: E731
-  return Run(model, _train_step(lib, model, opt, loss_of), lambda: _done(lib, model(tokens)))
+  loss_of = lambda tokens, targets: lib.F.cross_entropy(model(tokens).reshape(batch * steps, sizes["vocab"]), targets.reshape(batch * steps))  # noqa: E731
+  return Run(model, _train_step(lib, model, opt, loss_of), lambda: _done(lib, model(tokens)), inputs=(tokens, targets))
 
 
 def gpt_generation_lengths(quick: bool) -> tuple[int, int]:
@@ -289,8 +292,8 @@ def lstm_train(lib: SimpleNamespace, quick: bool) -> Run:
   rng = _rng()
   tokens, targets = _inputs(lib, *(rng.integers(0, vocab, (steps, batch)) for _ in range(2)))
   opt = lib.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-  loss_of = lambda: lib.F.cross_entropy(model(tokens).reshape(steps * batch, vocab), targets.reshape(steps * batch))  # noqa: E731
-  return Run(model, _train_step(lib, model, opt, loss_of), lambda: _done(lib, model(tokens)))
+  loss_of = lambda tokens, targets: lib.F.cross_entropy(model(tokens).reshape(steps * batch, vocab), targets.reshape(steps * batch))  # noqa: E731
+  return Run(model, _train_step(lib, model, opt, loss_of), lambda: _done(lib, model(tokens)), inputs=(tokens, targets))
 
 
 def vit_train(lib: SimpleNamespace, quick: bool) -> Run:
@@ -300,8 +303,8 @@ def vit_train(lib: SimpleNamespace, quick: bool) -> Run:
   rng = _rng()
   images, labels = _inputs(lib, rng.standard_normal((batch, 3, 32, 32)).astype("float32"), rng.integers(0, 10, batch))
   opt = lib.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.05)
-  return Run(model, _train_step(lib, model, opt, lambda: lib.F.cross_entropy(model(images), labels)),
-             lambda: _done(lib, model(images)))
+  return Run(model, _train_step(lib, model, opt, lambda images, labels: lib.F.cross_entropy(model(images), labels)),
+             lambda: _done(lib, model(images)), inputs=(images, labels))
 
 
 def tiny_ops(lib: SimpleNamespace, quick: bool) -> Run:
@@ -370,15 +373,15 @@ def run_variant(variant: str, quick: bool, names: list[str] | None = None, cpu_t
         run.call = TinyJit(run.call)
       if variant == "tinychad eager" and run.model is not None: report["max_diff"] = check_against_torch(workload, run, quick)
       start = time.perf_counter()
-      run.call()
+      run.call(*run.inputs)
       report["first_s"] = time.perf_counter() - start
       # warm-up: TinyJit records on its second call, or its third where the first call makes optimizer state
-      run.call()
-      run.call()
+      run.call(*run.inputs)
+      run.call(*run.inputs)
       times = []
       for _ in range(2 if quick else workload.repeats):
         start = clock()
-        run.call()
+        run.call(*run.inputs)
         times.append(clock() - start)
       report["median_s"] = statistics.median(times)
     except Exception as e:  # one failing workload must not take down the others
@@ -479,10 +482,10 @@ def main(argv: list[str] | None = None) -> None:
                       help="every variant at once (a busy machine: faster, but the timings then overlap)")
   parser.add_argument("--cpu-time", action="store_true",
                       help="1 thread per library, timed in CPU seconds of the worker (process_time): barely moved by a busy machine")
-  parser.add_argument("--only", nargs="*", metavar="WORD", help="the workloads whose names contain one of these words")
+  parser.add_argument("--only", nargs="*", metavar="WORD", help="the workloads whose names contain one of these words (any case)")
   parser.add_argument("--worker", choices=VARIANTS, help=argparse.SUPPRESS)
   args = parser.parse_args(argv)
-  names = None if args.only is None else [w.name for w in workloads(args.quick) if any(word in w.name for word in args.only)]
+  names = None if args.only is None else [w.name for w in workloads(args.quick) if any(word.lower() in w.name.lower() for word in args.only)]
   if args.worker:
     for report in run_variant(args.worker, args.quick, names, args.cpu_time): print("BENCH " + json.dumps(report), flush=True)
     return

@@ -235,7 +235,7 @@ def test_replay_runs_its_kernels_in_one_native_call(monkeypatch, threads):
   forward = TinyJit(matmul_chain)
   for _ in range(3): forward(Tensor.randn(96, 96), Tensor.randn(96, 96))
   if not native_replay(): pytest.skip("replays run kernel by kernel here (no C compiler, or not a CPU device)")
-  plan = forward.recording.plan
+  plan = forward.recording.plans[False][0]
   assert len(plan) == 1 and isinstance(plan[0][0], KernelList) and plan[0][0].count == len(forward.recording.steps) >= 3
   # a replay runs no kernel through Python
   monkeypatch.setattr(jit, "run_kernel", None)
@@ -273,4 +273,55 @@ def test_a_host_step_between_kernels_runs_in_its_place():
   for _ in range(4):
     a = Tensor.randn(5)
     np.testing.assert_allclose(forward(a).numpy(), a.numpy() * 6 + 1, rtol=1e-6)
-  if native_replay(): assert [type(k) for k, _ in forward.recording.plan] == [KernelList, type(None), KernelList]
+  if native_replay(): assert [type(k) for k, _ in forward.recording.plans[False][0]] == [KernelList, type(None), KernelList]
+
+
+@pytest.mark.parametrize("debug", ["0", "2"])
+def test_inference_replay_skips_the_kernels_of_unchanged_weights(monkeypatch, debug):
+  """A convolution's forward copies its weight channels-last; for inference the weights don't change, so a
+  replay skips that kernel (it wrote the same values last time), until a weight is assigned outside."""
+  from tinychad import nn, no_grad
+  from tinychad.engine import jit as jit_module
+  from tinychad.runtime.threads import KernelList
+  Tensor.manual_seed(0)
+  conv, head = nn.Conv2d(3, 16, 3, padding=1), nn.Linear(16, 4)
+
+  def forward(x):
+    with no_grad(): return head(conv(x).relu().mean((2, 3))).realize()
+  jitted = TinyJit(forward)
+  monkeypatch.setenv("DEBUG", debug)   # 2: kernel by kernel through run_kernel; 0: native KernelLists where there are
+  ran = []
+  real_run, real_list_run = jit_module.run_kernel, KernelList.run
+  monkeypatch.setattr(jit_module, "run_kernel", lambda item, bufs: (ran.append(item.name), real_run(item, bufs)))
+  monkeypatch.setattr(KernelList, "run", lambda self: (ran.extend([None] * self.count), real_list_run(self))[1])
+  per_call = []
+  for i in range(6):
+    if i == 4: conv.weight.assign(conv.weight * 2).realize()       # outside the jitted call: rebinds the weight
+    x = Tensor.randn(2, 3, 8, 8).realize()
+    ran.clear()
+    out = jitted(x)
+    per_call.append(len(ran))
+    np.testing.assert_allclose(out.numpy(), forward(x).numpy(), rtol=1e-5, atol=1e-6)
+  recorded = len(jitted.recording.steps)
+  # calls 1-2 run and record; 3 replays all but the constant kernels; 5 (new weight) runs them again, 6 skips them
+  assert per_call[2] < recorded and per_call[3] == per_call[2]
+  assert per_call[4] == recorded and per_call[5] == per_call[2]
+
+
+def test_a_host_step_writing_a_weight_in_place_outside_the_call_reruns_the_constant_kernels():
+  """A broadcast or all-reduce of parameters writes their buffers in place (run_on_host): the buffer is the same
+  one, so only the host-write count tells a replay that the constant kernels it skips would now differ."""
+  from tinychad import nn, no_grad
+  from tinychad.engine.realize import run_on_host
+  Tensor.manual_seed(0)
+  conv = nn.Conv2d(3, 8, 3)
+
+  def forward(x):
+    with no_grad(): return conv(x).sum((2, 3)).realize()
+  jitted = TinyJit(forward)
+  for i in range(5):
+    if i == 3:
+      def double(bufs): np.multiply(bufs[0].as_numpy(), 2, out=bufs[0].as_numpy())
+      run_on_host("double", double, [conv.weight.lazydata.base.realized])
+    x = Tensor.randn(2, 3, 6, 6).realize()
+    np.testing.assert_allclose(jitted(x).numpy(), forward(x).numpy(), rtol=1e-5, atol=1e-5)

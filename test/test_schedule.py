@@ -158,6 +158,63 @@ def test_gelu_read_by_a_matmul_keeps_erf_in_few_kernels():
   np.testing.assert_allclose(out.numpy(), expected.numpy(), rtol=1e-4, atol=1e-4)
 
 
+def test_gelu_backward_is_few_kernels():
+  """erf's gradient is its own, 2/sqrt(pi) exp(-x^2) (function.KnownSlope), not autograd through its series,
+  which kept each Horner step's float64 value for backward: 21 kernels per GELU of a ViT step."""
+  x = rand(16, 32)
+  w1, w2 = Tensor.randn(32, 64, requires_grad=True).realize(), Tensor.randn(64, 8, requires_grad=True).realize()
+  ((x @ w1).gelu() @ w2).sum().backward()
+  # forward: the matmul, gelu's erf; backward: the gradient's matmul, two products, w1's gradient (24 before)
+  assert len([item for item in w1.grad.schedule() if item.is_kernel]) == 6
+  torch = __import__("torch")
+  tw1, tw2 = (torch.tensor(t.numpy(), requires_grad=True) for t in (w1, w2))
+  (torch.nn.functional.gelu(torch.tensor(x.numpy()) @ tw1) @ tw2).sum().backward()
+  np.testing.assert_allclose(w1.grad.numpy(), tw1.grad.numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_erf_gradient_is_exact_in_float64():
+  torch = __import__("torch")
+  values = np.linspace(-7, 7, 301)
+  x = Tensor(values, requires_grad=True)
+  x.erf().sum().backward()
+  np.testing.assert_allclose(x.grad.numpy(), 2 / math.sqrt(math.pi) * np.exp(-values ** 2), rtol=1e-14, atol=1e-300)
+  reference = torch.tensor(values, requires_grad=True)
+  reference.erf().sum().backward()
+  np.testing.assert_allclose(x.grad.numpy(), reference.grad.numpy(), rtol=1e-14, atol=1e-300)
+
+
+def test_linear_weight_gradient_is_one_sum_over_every_row():
+  """x (batch, tokens, k) @ w (k, m) is one (batch * tokens, k) matmul, so w's gradient is one reduce over
+  every row; with w broadcast over the batch it was a (batch, k, m) sum per batch index, then a second."""
+  x, w = rand(4, 6, 8), Tensor.randn(8, 5, requires_grad=True).realize()
+  (x @ w).sum().backward()
+  reduces = [item for item in w.grad.schedule()
+             if item.is_kernel and any(isinstance(n.op, ReduceOps) for n in item.ast.walk())]
+  assert len(reduces) == 1
+  np.testing.assert_allclose(w.grad.numpy(), x.numpy().reshape(24, 8).sum(0)[:, None].repeat(5, 1), rtol=1e-5, atol=1e-5)
+
+
+def test_matmul_of_merged_heads_reads_one_view():
+  """An attention output (batch, heads, tokens, head size) read as (batch, tokens, width) by the output
+  projection: its width axis is (heads, head size) in memory, so the matmul kernel runs over that split
+  (codegen/refine.py) and reads the operand through one affine view, not through div/mod of stacked views."""
+  heads, w = rand(2, 3, 5, 4), rand(12, 7)
+  merged = heads.permute(0, 2, 1, 3).reshape(2, 5, 12)
+  out = merged @ w
+  (item,) = [item for item in out.schedule() if item.is_kernel]
+  assert all(len(load.arg[1].views) == 1 for load in _loads(item))
+  expected = heads.numpy().transpose(0, 2, 1, 3).reshape(2, 5, 12) @ w.numpy()
+  np.testing.assert_allclose(out.numpy(), expected, rtol=1e-5, atol=1e-5)
+  # and its gradients: the weight's sums over (batch, tokens), the heads' over width, both through one view
+  h, w = Tensor.randn(2, 3, 5, 4, requires_grad=True).realize(), Tensor.randn(12, 7, requires_grad=True).realize()
+  (h.permute(0, 2, 1, 3).reshape(2, 5, 12) @ w).square().sum().backward()
+  torch = __import__("torch")
+  th, tw = (torch.tensor(t.numpy(), requires_grad=True) for t in (h, w))
+  (th.permute(0, 2, 1, 3).reshape(2, 5, 12) @ tw).square().sum().backward()
+  np.testing.assert_allclose(h.grad.numpy(), th.grad.numpy(), rtol=1e-4, atol=1e-4)
+  np.testing.assert_allclose(w.grad.numpy(), tw.grad.numpy(), rtol=1e-4, atol=1e-4)
+
+
 def test_each_decision_is_made_by_a_named_rule():
   """Whether a base gets a kernel is decided by the first rule of REALIZE_RULES that holds, once per base."""
   x = rand(32, 64)
@@ -253,6 +310,33 @@ def test_max_pool_gradient_reads_one_view_per_buffer():
   expected = x.numpy().reshape(2, 3, 4, 2, 4, 2)
   is_max = expected == np.maximum(expected.max(axis=(3, 5), keepdims=True), 0)
   np.testing.assert_array_equal(x.grad.numpy(), (is_max & (expected > 0)).reshape(2, 3, 8, 8).astype(np.float32))
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_overlapping_max_pool_gradient_is_elementwise(channels_last):
+  """A 3x3 stride-2 padded max-pool (ResNet's): its gradient (function.MaxPool) is a count of each window's
+  maxima and one elementwise sum over the taps over the input's own positions, every load one view. Left to
+  pool_windows' movement ops it was a reduce that scattered the windows back through four stacked views
+  (52 ms at ResNet-18's batch 8, where PyTorch takes ~1 ms). Ties share the gradient, as Max does."""
+  torch = __import__("torch")
+  data = np.round(np.random.default_rng(0).standard_normal((2, 4, 12, 12)), 1).astype(np.float32)   # ties
+  leaf = Tensor(data.transpose(0, 2, 3, 1).copy() if channels_last else data, requires_grad=True)
+  x = leaf.permute(0, 3, 1, 2) if channels_last else leaf     # a convolution's output is laid out so
+  assert (x.lazydata.st.permuted_order is not None) == channels_last
+  g = rand(2, 4, 6, 6)
+  out = x.max_pool2d(3, 2, 1)
+  (out * g).sum().backward()
+  items = [item for item in leaf.grad.schedule() if item.is_kernel]
+  assert len(items) <= 4 and all(len(load.arg[1].views) == 1 for item in items for load in _loads(item))
+  grad = leaf.grad.permute(0, 3, 1, 2) if channels_last else leaf.grad
+  windows = torch.nn.functional.unfold(torch.tensor(data), 3, padding=1, stride=2).reshape(2, 4, 9, 6, 6)
+  inside = torch.nn.functional.unfold(torch.ones(1, 1, 12, 12), 3, padding=1, stride=2).reshape(1, 1, 9, 6, 6) > 0
+  windows = torch.where(inside, windows, -math.inf)
+  is_max = (windows == windows.amax(2, keepdim=True)).float()
+  spread = is_max / is_max.sum(2, keepdim=True) * torch.tensor(g.numpy()).reshape(2, 4, 1, 6, 6)
+  expected = torch.nn.functional.fold(spread.reshape(2, 36, 36), (12, 12), 3, padding=1, stride=2)
+  np.testing.assert_allclose(out.numpy(), torch.nn.functional.max_pool2d(torch.tensor(data), 3, 2, 1).numpy())
+  np.testing.assert_allclose(grad.numpy(), expected.numpy(), rtol=1e-5, atol=1e-6)
 
 
 def test_convolution_gradients_are_window_sums_without_scatter():

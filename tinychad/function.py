@@ -203,6 +203,15 @@ class Trunc(Function):
   def backward(self, grad: LazyBuffer) -> LazyBuffer: return grad.const_like(0)
 
 
+class KnownSlope(Function):
+  """f(x), its value computed apart (with no graph), and its derivative `slope` = f'(x) given: for an f written as a
+  long formula (erf's series), whose autograd would keep every step's value for backward."""
+  def forward(self, x: LazyBuffer, value: LazyBuffer, slope: LazyBuffer) -> LazyBuffer:
+    self.slope = slope
+    return value
+  def backward(self, grad: LazyBuffer): return grad.e(BinaryOps.MUL, self.slope), None, None
+
+
 # ---- binary (inputs already broadcast to one shape and cast to one dtype) ----
 class Add(Function):
   def forward(self, x: LazyBuffer, y: LazyBuffer) -> LazyBuffer: return x.e(BinaryOps.ADD, y)
@@ -799,6 +808,71 @@ def _conv_weight_gradient(x_padded: LazyBuffer, grad: LazyBuffer, grad_cl: LazyB
   windows = windows.shrink(lead + tuple((0, o) for o in outs) + tuple((0, k) for k in kernel))
   windows = windows.reshape((bs, geo.groups, cin_group) + outs + kernel)
   return _weight_gradient(windows, grad, geo.groups, cout // geo.groups, grad_cl).reshape(weight_shape)
+
+
+class MaxPool(Function):
+  """The max of every window of the last len(kernel) dims of x padded by `pads` with `fill`, windows overlapping
+  (a stride below the kernel, or a dilation), as one autograd node. The gradient is Max's (every element equal
+  to its window's max gets the window's gradient, ties share it evenly), summed over the windows that hold it.
+  Left to the movement ops of pool_windows, that sum scatter-adds the windows back through stacked views, one
+  reduce with div/mod index math over repeated axes (ResNet-18's 3x3 stride 2 pool at batch 8: 52 ms; PyTorch's
+  ~1 ms). Here, as in _input_gradient_by_taps, each input axis is seen as (q, r) with y = q*stride + r: a tap of
+  the window reaches one r and moves q with the output position, so its part of the gradient is a shifted view
+  of the per-window values, and all taps add up in one elementwise kernel over x's own positions."""
+  def forward(self, x: LazyBuffer, kernel: tuple[int, ...], stride: tuple[int, ...], dilation: tuple[int, ...],
+              pads: tuple[tuple[int, int], ...], fill) -> LazyBuffer:
+    self.x, self.kernel, self.stride, self.dilation, self.pads = x, kernel, stride, dilation, pads
+    # the per-window values are laid out as x is (a convolution's channels-last output): the gradient's taps
+    # then read them along x's contiguous axis, in SIMD
+    self.order = x.st.permuted_order or tuple(range(len(x.shape)))
+    physical_pads = tuple((((0, 0),) * (len(x.shape) - len(kernel)) + pads)[axis] for axis in self.order)
+    physical = x.permute(self.order)
+    padded = physical.pad(physical_pads)
+    inside = LazyBuffer.full(True, physical.shape, dtypes.bool, x.device).pad(physical_pads)
+    filled = inside.e(TernaryOps.WHERE, padded, LazyBuffer.full(fill, padded.shape, x.dtype, x.device))
+    self.windows = pool_windows(filled.permute(inverse_permutation(self.order)), kernel, stride, dilation)
+    self.top = self._physical(self.windows).r(ReduceOps.MAX, self._taps())
+    return self._logical(self.top)
+
+  def _taps(self) -> tuple[int, ...]: return tuple(range(len(self.order), len(self.order) + len(self.kernel)))
+  def _physical(self, windows: LazyBuffer) -> LazyBuffer: return windows.permute(self.order + self._taps())
+  def _logical(self, v: LazyBuffer) -> LazyBuffer:
+    return v.reshape(v.shape[:len(self.order)]).permute(inverse_permutation(self.order))
+
+  def backward(self, grad: LazyBuffer) -> LazyBuffer:
+    x, n = self.x, len(self.kernel)
+    lead, spatial = x.shape[:-n], x.shape[-n:]
+    windows = self._physical(self.windows)
+    outs = self.windows.shape[len(lead):len(lead) + n]
+    count = _bool_to(windows.e(BinaryOps.CMPEQ, self.top.expand(windows.shape)), grad).r(ReduceOps.SUM, self._taps())
+    # each maximum's part of its window's gradient, in the kernel of the count (built first, it takes that
+    # reduce): a gradient made by a convolution would otherwise take the division into its own kernel, stored
+    # in this layout where it reads the rest of the gradient in another, and lose its SIMD lanes (4 ms -> 37)
+    share = self._logical(count.e(UnaryOps.RECIP).e(BinaryOps.MUL, grad.permute(self.order).reshape(count.shape)))
+    top = self._logical(self.top)
+    rows = [-(-size // s) for size, s in zip(spatial, self.stride)]            # q's extent per axis
+    none = ((0, 0),) * len(lead)
+    grid = lead + tuple(v for q, s in zip(rows, self.stride) for v in (q, s))
+    x_grid = x.pad(none + tuple((0, q * s - size) for q, s, size in zip(rows, self.stride, spatial))).reshape(grid)
+    total = None
+    for tap in itertools.product(*(range(k) for k in self.kernel)):
+      keep, pads = [], []
+      for o, t, d, s, q, (before, _) in zip(outs, tap, self.dilation, self.stride, rows, self.pads):
+        r = (t * d - before) % s
+        shift = (t * d - before - r) // s       # the q that window 0 reaches through this tap
+        lo, hi = max(0, -shift), min(o, q - shift)
+        keep.append((lo, hi))
+        pads += [(lo + shift, q - hi - shift), (r, s - 1 - r)]
+      if any(lo >= hi for lo, hi in keep): continue    # a tap that reaches only padding
+      def at_tap(v: LazyBuffer) -> LazyBuffer:
+        v = v.shrink(tuple((0, size) for size in lead) + tuple(keep))
+        return v.reshape(lead + tuple(u for lo, hi in keep for u in (hi - lo, 1))).pad(none + tuple(pads))
+      # where the tap reaches no window both views read the padding's zeros: the product is 0
+      piece = _bool_to(x_grid.e(BinaryOps.CMPEQ, at_tap(top)), grad).e(BinaryOps.MUL, at_tap(share))
+      total = piece if total is None else total.e(BinaryOps.ADD, piece)
+    if total is None: return x.const_like(0)
+    total = total.reshape(lead + tuple(q * s for q, s in zip(rows, self.stride)))
+    return total.shrink(tuple((0, size) for size in lead + spatial))
 
 
 class Conv(Function):

@@ -689,9 +689,10 @@ class Tensor:
     dtype, so float32 results are erf correctly rounded (but for inputs within 3e-13 of a rounding boundary).
     |x| < 1.5: x * A(x^2); 1.5 <= |x| < 6: 1 - exp(-x^2) * B(|x|), where erfc(x) * exp(x^2) is smooth; beyond, 1.
     A and B are Chebyshev fits of math.erf (_erf_fits); each branch reads its input clipped to its own range, so the
-    branch not taken stays finite, gradient included."""
+    branch not taken stays finite. The gradient is erf's own, 2/sqrt(pi) exp(-x^2) (F.KnownSlope): autograd through
+    the two series would keep every Horner step's float64 value for backward (21 kernels per GELU in a ViT step)."""
     x = self._float()
-    wide = x.cast(dtypes.float64)
+    wide = x.detach().cast(dtypes.float64)
     small_coeffs, big_coeffs = _erf_fits()
     u = (wide * wide).clip(None, ERF_SPLIT ** 2) * (2 / ERF_SPLIT ** 2) - 1
     series = small_coeffs[-1]
@@ -705,7 +706,10 @@ class Tensor:
     for c in reversed(big_coeffs[:-1]): tail = tail * v + c
     big = 1 - (-(big_x * big_x)).exp() * tail
     # NaN compares false, so it takes the small branch, which keeps it
-    return (wide.abs() >= ERF_SPLIT).detach().where(wide.sign() * big, small).cast(x.dtype)
+    value = (wide.abs() >= ERF_SPLIT).where(wide.sign() * big, small).cast(x.dtype)
+    if x.requires_grad is False or Tensor.no_grad: return value
+    slope = (-x.detach().square()).exp() * (2 / math.sqrt(math.pi))
+    return F.KnownSlope.apply(x, value, slope)
   def clip(self, min_=None, max_=None) -> Tensor:
     """Bounds count as inside: the gradient passes on them, as in PyTorch (NaN stays NaN)."""
     if min_ is None and max_ is None: raise ValueError("clip: at least one of min and max must be given")
@@ -1091,8 +1095,13 @@ class Tensor:
     x_shape, w_shape = x.shape, w.shape
     batch = _broadcast_shape(x_shape[:-2], w_shape[:-2], "matmul") if len(x_shape) > 2 or len(w_shape) > 2 else ()
     n, k, m = x_shape[-2], x_shape[-1], w_shape[-1]
-    # the batch axes broadcast here, so their gradient sums come from Expand's backward
-    out = F.Matmul.apply(x._broadcast_to(batch + (n, k)), w._broadcast_to(batch + (k, m)))
+    if len(w_shape) == 2 and len(x_shape) > 2:
+      # (..., n, k) @ (k, m) as one (rows, k) @ (k, m): the weight's gradient is then one sum over every row,
+      # where a weight broadcast over the batch axes is summed per batch index and then over those
+      out = F.Matmul.apply(x.reshape(-1, k), w).reshape(x_shape[:-1] + (m,))
+    else:
+      # the batch axes broadcast here, so their gradient sums come from Expand's backward
+      out = F.Matmul.apply(x._broadcast_to(batch + (n, k)), w._broadcast_to(batch + (k, m)))
     if x_vec: out = out.squeeze(-2)
     if w_vec: out = out.squeeze(-1)
     return out

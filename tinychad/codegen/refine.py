@@ -1,6 +1,6 @@
-"""Refining an elementwise kernel's shape so that stacked views become one affine view.
+"""Refining a kernel's shape so that stacked views become one affine view.
 
-in: a kernel tree (STORE root) without a reduce
+in: a kernel tree (STORE root)
 out: the same kernel over a finer shape, or the tree unchanged
 
 A load stacks two views when it reads a reshape that its layout can't express, e.g. the gradient of
@@ -9,6 +9,11 @@ a 2x2 max-pool: the (b, c, 12, 2, 12, 2) pooled result expanded over each window
 axis survives. Run the kernel over (b, c, 12, 2, 12, 2) instead (every axis of the kernel split the
 way the lower view splits it) and the load is one view with plain strides; the store, being
 contiguous, splits for free. The lowering merges back whatever axes didn't need splitting.
+
+A kernel with a reduce gets the same treatment axis by axis: a matmul whose operand is the
+attention's (batch, heads, tokens, head size) output read as (batch, tokens, width) sums over a width
+axis that is really (heads, head size); split so, the operand's load is affine, and the register
+tile and SIMD lanes apply.
 """
 from __future__ import annotations
 import functools
@@ -45,7 +50,9 @@ def _reshaped(node: KernelNode, srcs: tuple[KernelNode, ...], shape: Shape) -> K
 @functools.lru_cache(maxsize=4096)
 def refine_kernel_shape(ast: KernelNode) -> KernelNode:
   nodes = ast.walk()
-  if any(isinstance(n.op, ReduceOps) or n.op is BufferOps.GATHER for n in nodes): return ast
+  if any(n.op is BufferOps.GATHER for n in nodes): return ast
+  reduces = [n for n in nodes if isinstance(n.op, ReduceOps)]
+  if reduces: return _refine_reduce(ast, reduces[0])
   leaves = [n for n in nodes if n.op in (BufferOps.LOAD, BufferOps.CONST)]
   shape = ast.arg[1].shape
   refined = shape
@@ -58,3 +65,55 @@ def refine_kernel_shape(ast: KernelNode) -> KernelNode:
   # keep the split only if no leaf gains a view (a masked axis may not split inside one view)
   if any(len(leaf.arg[1].reshape(refined).views) > len(leaf.arg[1].views) for leaf in leaves): return ast
   return rewrite(ast, lambda node, srcs: _reshaped(node, srcs, refined))
+
+
+def _axis_cuts(size: int, stride: int, lower: Shape) -> list[int]:
+  """Where an axis of `size` steps of `stride` (in the flat index of a view below, shaped `lower`) may be
+  cut so that each piece moves within one axis of `lower`: the f dividing size with f*stride a boundary
+  of `lower`."""
+  bounds = _boundaries(lower)
+  return [f for f in range(2, size) if size % f == 0 and abs(stride) * f in bounds]
+
+
+def _pieces(size: int, cuts: set[int]) -> tuple[int, ...]:
+  """An axis of `size` split at `cuts` (each dividing the next, the others dropped): its sizes, outermost first."""
+  sizes, inner = [], 1
+  for f in sorted(cuts) + [size]:
+    if f % inner: continue
+    sizes.append(f // inner)
+    inner = f
+  return tuple(reversed(sizes))
+
+
+def _refine_reduce(ast: KernelNode, reduce: KernelNode) -> KernelNode:
+  """A kernel with a reduce over a finer shape: each axis cut where a stacked-view load's lower view
+  cuts it (_axis_cuts), if then no leaf has more views and some have fewer."""
+  axes, full = reduce.arg
+  out_shape = ast.arg[1].shape
+  # a row reduce (its output spans the reduce axes) keeps its shape: its second pass is laid out by it
+  if out_shape != tuple(1 if i in axes else s for i, s in enumerate(full)): return ast
+  below = [n for n in reduce.walk() if n.op in (BufferOps.LOAD, BufferOps.CONST)]
+  cuts: list[set[int]] = [set() for _ in full]
+  for leaf in below:
+    views = leaf.arg[1].views
+    if len(views) < 2: continue
+    for i, (size, stride) in enumerate(zip(full, views[-1].strides)):
+      if size > 1 and stride != 0: cuts[i].update(_axis_cuts(size, stride, views[-2].shape))
+  pieces = [_pieces(size, axis_cuts) for size, axis_cuts in zip(full, cuts)]
+  refined = tuple(p for axis in pieces for p in axis)
+  if refined == full: return ast
+  new_axes, at = [], 0
+  for i, axis in enumerate(pieces):
+    if i in axes: new_axes += range(at, at + len(axis))
+    at += len(axis)
+  refined_out = tuple(1 if i in new_axes else s for i, s in enumerate(refined))
+  inside = set(below)
+  above = [n for n in ast.walk() if n.op in (BufferOps.LOAD, BufferOps.CONST) and n not in inside] + [ast]
+  old = [len(n.arg[1].views) for n in below + above]
+  new = [len(n.arg[1].reshape(refined).views) for n in below] + [len(n.arg[1].reshape(refined_out).views) for n in above]
+  if any(a > b for a, b in zip(new, old)) or sum(new) >= sum(old): return ast
+  inner = rewrite(reduce, lambda node, srcs: _reshaped(node, srcs, refined))
+  inner = rebuild(inner, inner.srcs, (tuple(new_axes), refined))
+  def outer(node: KernelNode, srcs: tuple[KernelNode, ...]) -> KernelNode:
+    return _reshaped(node, tuple(inner if src is reduce else src for src in srcs), refined_out)
+  return rewrite(ast, outer, keep=lambda node: node is reduce)

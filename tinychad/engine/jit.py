@@ -18,6 +18,11 @@ function reads (say `optimizer.lr`) is baked into the kernels as a constant: the
 plain numbers reachable from the function's arguments, closure and globals (not through a TinyJit: a
 jitted `step` that calls `opt.step()` sees itself among its globals), and records afresh when one
 changes rather than replaying a stale value.
+Constant kernels: a kernel that reads only buffers from outside the call (weights of a model run for
+inference: the channels-last copies a convolution makes of its weight), directly or through other such
+kernels, wrote the same values on the last run, so a replay skips it while those buffers are the same
+ones (a tensor assigned outside the call since rebinds them: the next replay runs them again) and no host step
+(engine/realize.py's run_on_host: a broadcast, an all-reduce) has written a buffer in place since.
 """
 from __future__ import annotations
 import functools
@@ -26,7 +31,7 @@ import types
 import weakref
 from typing import Any, Callable
 from tinychad.device import Buffer, Device
-from tinychad.engine.realize import HostCall, capture, loaded_program, realize, run_kernel
+from tinychad.engine.realize import HostCall, HostWrites, capture, loaded_program, realize, run_kernel
 from tinychad.helpers import DEBUG
 from tinychad.lazy import LazyBuffer
 from tinychad.ops import LoadOps
@@ -48,8 +53,12 @@ class _Recording:
     self.structure: Any = None                            # what the function returned, to rebuild on replay
     self.external: set[int] = set()                       # buffers read but not written by the recording
     self.rebound: dict[int, Any] = {}                     # external buffer -> tensor assigned since, outside
-    self.plan: list | None = None                         # the steps made ready to replay (see _plan)
-    self.slots: dict[int, list[tuple[KernelList, int]]] = {}   # buffer -> where the plan's KernelLists take it
+    self.constant: set[int] = set()                       # indices of the steps that read only external buffers
+    self.constant_reads: list[Buffer] = []                # the external buffers those steps read
+    self.constant_key: tuple[Buffer, ...] = ()            # the buffers they were last run on (held: ids can't recur)
+    self.host_writes = 0                                  # HostWrites.count when they last ran
+    # the steps made ready to replay (see _plan), with the constant steps (False) or without them (True)
+    self.plans: dict[bool, tuple[list, dict[int, list[tuple[KernelList, int]]]]] = {}
 
 
 _active: _Recording | None = None
@@ -189,6 +198,7 @@ class TinyJit:
     # buffers the recording reads but did not write: tensors assigned later (outside) rebind them
     written = {id(bufs[0]) for _, bufs in recording.steps}
     recording.external = {id(b) for _, bufs in recording.steps for b in bufs[1:] if id(b) not in written}
+    _find_constant_steps(recording)
     self.recording = recording
     _live_jits.add(self)
     return out
@@ -204,13 +214,19 @@ class TinyJit:
     for _, after, _, _ in rec.assigned_after: fresh[id(after)] = Buffer(after.device, after.size, after.dtype).allocate()
     swap.update(fresh)
     for buf, redraw in rec.random: swap[id(buf)] = Buffer(buf.device, buf.size, buf.dtype).copyin(redraw())
-    if DEBUG() >= 2: _run_steps(rec.steps, swap, timed=True)
+    constant_key = tuple(swap.get(id(b), b) for b in rec.constant_reads)
+    same = len(constant_key) == len(rec.constant_key) and all(a is b for a, b in zip(constant_key, rec.constant_key))
+    skip = bool(rec.constant) and same and rec.host_writes == HostWrites.count
+    rec.constant_key, rec.host_writes = constant_key, HostWrites.count
+    steps = [step for index, step in enumerate(rec.steps) if index not in rec.constant] if skip else rec.steps
+    if DEBUG() >= 2: _run_steps(steps, swap, timed=True)
     else:
-      if rec.plan is None: rec.plan, rec.slots = _plan(rec.steps)
+      if skip not in rec.plans: rec.plans[skip] = _plan(steps)
+      plan, slots = rec.plans[skip]
       for old_id, buf in swap.items():
-        for kernels, slot in rec.slots.get(old_id, ()): kernels.args[slot] = buf.allocate().address
-      for kernels, steps in rec.plan:
-        if kernels is None or not kernels.run(): _run_steps(steps, swap)
+        for kernels, slot in slots.get(old_id, ()): kernels.args[slot] = buf.allocate().address
+      for kernels, part in plan:
+        if kernels is None or not kernels.run(): _run_steps(part, swap)
     for tensor, after, base_shape, st in rec.assigned_after:
       tensor.lazydata = _wrap(swap[id(after)], base_shape, st)
     outs = [cls.from_lazy(_wrap(swap[id(buf)], base_shape, st), None) for cls, buf, base_shape, st in rec.outputs]
@@ -259,6 +275,26 @@ def _run_steps(steps: list, swap: dict[int, Buffer], timed: bool = False) -> Non
     start = time.perf_counter()
     run_kernel(item, mapped)
     if timed: print(f"  replay {item.name:30s} {item.output.device:6s} {(time.perf_counter() - start) * 1e6:9.1f} us")
+
+
+def _find_constant_steps(rec: _Recording) -> None:
+  """Mark the steps whose every input is an external buffer or a constant step's output (not an input, an
+  assigned tensor, a random draw, nor what a host step writes), writing no output of the call."""
+  varying = {id(b) for b in rec.inputs} | {id(before) for _, before in rec.assigned.values()}
+  varying |= {id(b) for b, _ in rec.random}
+  fresh = {id(buf) for _, buf, _, _ in rec.outputs} | {id(after) for _, after, _, _ in rec.assigned_after}
+  host_written = {id(bufs[0]) for item, bufs in rec.steps if isinstance(item, HostCall)}
+  reads: dict[int, Buffer] = {}
+  for index, (item, bufs) in enumerate(rec.steps):
+    out, ins = bufs[0], bufs[1:]
+    if isinstance(item, HostCall) or id(out) in fresh or id(out) in host_written or any(id(b) in varying for b in ins):
+      varying.add(id(out))
+      continue
+    rec.constant.add(index)
+    reads.update((id(b), b) for b in ins if id(b) in rec.external)
+  rec.constant_reads = list(reads.values())
+  rec.constant_key = tuple(rec.constant_reads)           # the recorded call ran them on the buffers themselves
+  rec.host_writes = HostWrites.count
 
 
 def _cell_filled(cell) -> bool:

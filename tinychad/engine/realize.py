@@ -58,9 +58,17 @@ class HostCall:
   fn: Callable[[list[Buffer]], None]
 
 
+class HostWrites:
+  """How many host steps run_on_host has run. A host step writes buffers in place (an all-reduce, a broadcast of
+  parameters), so TinyJit's constant-kernel skip, which trusts that a buffer it read is unchanged while it is
+  the same buffer, runs its constant kernels again once this count moves."""
+  count = 0
+
+
 def run_on_host(name: str, fn: Callable[[list[Buffer]], None], bufs: list[Buffer]) -> None:
   """Run fn(bufs) now and append it to every open capture(), so a TinyJit replay calls fn again on the
   replay's buffers (which is how a jitted training step all-reduces each step's new gradients)."""
+  HostWrites.count += 1
   fn(bufs)
   for steps in _captures: steps.append((HostCall(name, fn), bufs))
 

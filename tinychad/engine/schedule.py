@@ -41,11 +41,11 @@ the row again while it is in cache to compute and store it (codegen's "row pass"
 candidates, the one the others feed (the variance, not the mean).
 Depth (too_deep): a chain of inlined ops at most MAX_FUSED_DEPTH deep: a base deeper than that in its
 kernel's tree is realized, so a loop of updates realized once at the end becomes several kernels.
-Kernels are scheduled in the graph's order, sources first. After fusion, an elementwise kernel may run
-over a finer shape (codegen/refine.py: a load that reads a reshape its layout can't express becomes
-one view), and a reduce kernel may read some operands from panels that a kernel of their own packs
-first (codegen/pack.py decides which and rewrites the kernel; the scheduler makes the panel copies;
-off with NOOPT=1).
+Kernels are scheduled in the graph's order, sources first. After fusion, a kernel may run over a finer
+shape (codegen/refine.py: a load that reads a reshape its layout can't express becomes one view, a
+matmul's operand with merged heads included), and a reduce kernel may read some operands from
+panels that a kernel of their own packs first (codegen/pack.py decides which and rewrites the kernel;
+the scheduler makes the panel copies; off with NOOPT=1).
 """
 from __future__ import annotations
 from dataclasses import dataclass, field

@@ -146,7 +146,10 @@ def max_pool(x: Tensor, kernel_size, stride, padding, dilation, n: int, ceil_mod
   op = f"max_pool{n}d"
   kernel, stride, dilation, pads, _ = _pool_arguments(x, kernel_size, stride, padding, dilation, n, op, ceil_mode)
   fill = -math.inf if x.dtype.is_float else int(-2 ** (8 * x.dtype.itemsize - 1))
-  out = _pool(x.pad(pads, value=fill), kernel, stride, dilation, Tensor.max)
+  if kernel != stride or any(d != 1 for d in dilation):
+    # overlapping windows: one autograd node, whose gradient is no scatter of the windows (function.MaxPool)
+    out = F.MaxPool.apply(x, kernel=kernel, stride=stride, dilation=dilation, pads=pads[-n:], fill=fill)
+  else: out = _pool(x.pad(pads, value=fill), kernel, stride, dilation, Tensor.max)
   if not return_indices: return out
   spatial = x.shape[-n:]
   windows = pool_windows(x.pad(pads, value=fill), kernel, stride, dilation)
