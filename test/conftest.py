@@ -16,10 +16,11 @@ _SHARED_MNIST = pathlib.Path(__file__).resolve().parents[2] / "shared" / "datase
 if "TINYCHAD_DATA" not in os.environ and _SHARED_MNIST.exists():
   os.environ["TINYCHAD_DATA"] = str(_SHARED_MNIST)
 
-# OPENCL joins with TEST_OPENCL=1: on PoCL each new kernel costs ~0.3-1 s to build and to compile its work-group
-# function, so the op suite on it takes most of an hour on 2 cores (test/test_opencl.py always runs)
-ALL_DEVICES = [name for name in ("NUMPY", "CPU", "LLVM") if Device.available(name)] + \
-  (["OPENCL"] if os.getenv("TEST_OPENCL", "0") != "0" and Device.available("OPENCL") else [])
+# OPENCL joins wherever a platform is installed (TEST_OPENCL=0 leaves it out): on PoCL each new program costs
+# ~0.2-0.5 s CPU to build and each kernel ~0.08 s more at its first launch, ~0.25 s CPU a test when cold
+# (bench/README.md, "OPENCL": the op suite's cold and warm times)
+OPENCL_DEVICES = ["OPENCL"] if os.getenv("TEST_OPENCL", "1") != "0" and Device.available("OPENCL") else []
+ALL_DEVICES = [name for name in ("NUMPY", "CPU", "LLVM") if Device.available(name)] + OPENCL_DEVICES
 # NUMPY has no kernels to optimize: only the CPU compilers run the op suite with NOOPT=1 as well (OPENCL's
 # GPU lowering never uses the CPU's kernel optimizations)
 NOOPT_DEVICES = [f"{name}-NOOPT" for name in ALL_DEVICES if name not in ("NUMPY", "OPENCL")]
@@ -45,6 +46,16 @@ def each_device(request, set_noopt):
   previous = Device.DEFAULT
   Device.DEFAULT = device
   yield device
+  Device.DEFAULT = previous
+
+
+@pytest.fixture(params=["default"] + OPENCL_DEVICES)
+def train_device(request):
+  """Makes a training or TinyJit test run on the default device and once more on OPENCL (a GPU-style
+  lowering: its own kernels, launches and device memory), as the default."""
+  previous = Device.DEFAULT
+  if request.param != "default": Device.DEFAULT = request.param
+  yield Device.DEFAULT
   Device.DEFAULT = previous
 
 
