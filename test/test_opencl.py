@@ -161,7 +161,8 @@ def test_local_tiled_kernels(local_tiles):
   x = rng.standard_normal((21, 33)).astype(np.float32)
   assert_both(lambda x, w, bias: x.linear(w.T, bias).relu().exp(), x, w, bias, atol=1e-4)
   assert_both(lambda w, x: w[::2] @ x[:, ::-1].T, w, x, atol=1e-4)       # strided, reversed operands
-  images, kernel = rng.standard_normal((2, 24, 9, 7)).astype(np.float32), rng.standard_normal((20, 24, 1, 1)).astype(np.float32)
+  images = rng.standard_normal((2, 24, 9, 7)).astype(np.float32)
+  kernel = rng.standard_normal((20, 24, 1, 1)).astype(np.float32)
   assert_both(lambda x, k: x.conv2d(k), images, kernel, atol=1e-4)
   for dtype in (np.float64, np.int32):
     p, q = (rng.integers(-5, 5, s).astype(dtype) for s in ((19, 40), (40, 23)))
@@ -222,7 +223,8 @@ def test_kernel_cache_keeps_source_then_binary(monkeypatch, tmp_path):
   device = Device["OPENCL"]
   source = "__kernel void twice(__global float* a) { a[get_global_id(0)] *= 2.0f; }"
   built = []
-  monkeypatch.setattr(device, "build_program", lambda text, name: built.append(text) or type(device).build_program(device, text, name))
+  build = device.build_program
+  monkeypatch.setattr(device, "build_program", lambda text, name: built.append(text) or build(text, name))
 
   def run_in_new_process(load):
     cache._memory.clear()       # what a new process starts with: only the disk

@@ -21,7 +21,6 @@ element for the whole group) stay global reads.
 """
 from __future__ import annotations
 from tinychad.dtype import dtypes
-from tinychad.helpers import prod
 from tinychad.ops import BinaryOps
 from tinychad.codegen.uops import Program, UOp, UOps
 
@@ -87,7 +86,8 @@ def local_tile(program: Program, loops: list[UOp]) -> Program | None:
     """The index `form` gives with its variables at `values` (id -> UOp)."""
     total = const(form.get(None, 0))
     for key, coefficient in form.items():
-      if key is not None and coefficient: total = alu(BinaryOps.ADD, total, alu(BinaryOps.MUL, values[key], coefficient))
+      if key is not None and coefficient:
+        total = alu(BinaryOps.ADD, total, alu(BinaryOps.MUL, values[key], coefficient))
     return total
 
   tops = [u for u in uops if u.op is UOps.DEFINE_GLOBAL]
@@ -118,7 +118,8 @@ def local_tile(program: Program, loops: list[UOp]) -> Program | None:
     element = alu(BinaryOps.ADD, alu(BinaryOps.MUL, copy, threads), flat)
     inside = alu(BinaryOps.CMPLT, element, size, dtypes.bool) if size % threads else None
     if inside is not None: new(UOps.IF, None, (inside,))
-    lane, pair = (alu(BinaryOps.MOD, element, lanes), alu(BinaryOps.DIV, element, lanes)) if lanes > 1 else (None, element)
+    lane, pair = None, element
+    if lanes > 1: lane, pair = alu(BinaryOps.MOD, element, lanes), alu(BinaryOps.DIV, element, lanes)
     first, second = alu(BinaryOps.DIV, pair, across[1]), alu(BinaryOps.MOD, pair, across[1])
     if kind == "A": out_index, out_extent, out_first, k = first, rows, row_first, second
     else: out_index, out_extent, out_first, k = second, cols, col_first, first

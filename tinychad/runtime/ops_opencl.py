@@ -99,7 +99,8 @@ class OpenCLDevice(Compiled):
     self.allocator = _Allocator(self.context, self.queue, self.device)
     # work-group memory of its own (a GPU's), not emulated in global memory (PoCL on a CPU: staging matmul tiles
     # there ran 2-5x slower than the register tile alone, bench/README.md "OPENCL")
-    self.local_memory = self.device.local_mem_type == cl.device_local_mem_type.LOCAL
+    self.dedicated_local_memory = self.device.local_mem_type == cl.device_local_mem_type.LOCAL
+    self.local_memory = self.dedicated_local_memory      # what the lowering uses (bench/opencl.py may force it)
 
   @staticmethod
   def available() -> bool: return _first_device() is not None
@@ -112,7 +113,8 @@ class OpenCLDevice(Compiled):
   def identity(self, source: str = "", contract: bool = False) -> str:
     platform = self.device.platform
     # the lowering's choice too: kernel records made with work-group memory tiles name other sources
-    return f"{platform.name} {platform.version} {self.device.name} {self.device.driver_version} local={self.local_memory}"
+    device = self.device
+    return f"{platform.name} {platform.version} {device.name} {device.driver_version} local={self.local_memory}"
 
   def build_program(self, source: str, name: str):
     try:
