@@ -17,8 +17,8 @@ if "TINYCHAD_DATA" not in os.environ and _SHARED_MNIST.exists():
   os.environ["TINYCHAD_DATA"] = str(_SHARED_MNIST)
 
 # OPENCL joins wherever a platform is installed (TEST_OPENCL=0 leaves it out): on PoCL each new program costs
-# ~0.2-0.5 s CPU to build and each kernel ~0.08 s more at its first launch, ~0.25 s CPU a test when cold
-# (bench/README.md, "OPENCL": the op suite's cold and warm times)
+# ~0.2-0.5 s CPU to build and each kernel ~0.08 s more at its first launch; cold, its ~1,900 tests take ~1,000 s
+# CPU, ~9 minutes with -n 2 (bench/README.md, "OPENCL": the op suite's cold and warm times)
 OPENCL_DEVICES = ["OPENCL"] if os.getenv("TEST_OPENCL", "1") != "0" and Device.available("OPENCL") else []
 ALL_DEVICES = [name for name in ("NUMPY", "CPU", "LLVM") if Device.available(name)] + OPENCL_DEVICES
 # NUMPY has no kernels to optimize: only the CPU compilers run the op suite with NOOPT=1 as well (OPENCL's
