@@ -16,11 +16,12 @@ _SHARED_MNIST = pathlib.Path(__file__).resolve().parents[2] / "shared" / "datase
 if "TINYCHAD_DATA" not in os.environ and _SHARED_MNIST.exists():
   os.environ["TINYCHAD_DATA"] = str(_SHARED_MNIST)
 
-# OPENCL joins with TEST_OPENCL=1: on PoCL each new kernel costs ~0.3-1 s to build and to compile its work-group
-# function, so the op suite on it takes most of an hour on 2 cores (test/test_opencl.py always runs).
+# OPENCL joins wherever a platform is installed (TEST_OPENCL=0 leaves it out): on PoCL each new program costs
+# ~0.2-0.5 s CPU to build and each kernel ~0.08 s more at its first launch; cold, its ~1,900 tests take ~1,000 s
+# CPU, ~9 minutes with -n 2 (bench/README.md, "OPENCL": the op suite's cold and warm times).
 # CUDA joins wherever a GPU, its driver and NVRTC are there (never on CI: test/test_cuda.py says why not)
-ALL_DEVICES = [name for name in ("NUMPY", "CPU", "LLVM") if Device.available(name)] + \
-  (["OPENCL"] if os.getenv("TEST_OPENCL", "0") != "0" and Device.available("OPENCL") else []) + \
+OPENCL_DEVICES = ["OPENCL"] if os.getenv("TEST_OPENCL", "1") != "0" and Device.available("OPENCL") else []
+ALL_DEVICES = [name for name in ("NUMPY", "CPU", "LLVM") if Device.available(name)] + OPENCL_DEVICES + \
   (["CUDA"] if Device.available("CUDA") else [])
 # NUMPY has no kernels to optimize: only the CPU compilers run the op suite with NOOPT=1 as well (the GPU
 # lowering of OPENCL and CUDA never uses the CPU's kernel optimizations)
@@ -47,6 +48,16 @@ def each_device(request, set_noopt):
   previous = Device.DEFAULT
   Device.DEFAULT = device
   yield device
+  Device.DEFAULT = previous
+
+
+@pytest.fixture(params=["default"] + OPENCL_DEVICES)
+def train_device(request):
+  """Makes a training or TinyJit test run on the default device and once more on OPENCL (a GPU-style
+  lowering: its own kernels, launches and device memory), as the default."""
+  previous = Device.DEFAULT
+  if request.param != "default": Device.DEFAULT = request.param
+  yield Device.DEFAULT
   Device.DEFAULT = previous
 
 

@@ -7,6 +7,8 @@ from tinychad import Tensor, TinyJit, GlobalCounters
 from tinychad.nn import Linear
 from tinychad.nn.optim import SGD
 
+pytestmark = pytest.mark.usefixtures("train_device")     # conftest: the default device, then OPENCL
+
 
 def make_model(seed: int = 0):
   Tensor.manual_seed(seed)

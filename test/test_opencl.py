@@ -13,7 +13,9 @@ import numpy as np
 import pytest
 from tinychad import Tensor, dtypes
 from tinychad.device import Device
+from tinychad.codegen import gpu
 from tinychad.codegen.gpu import GROUP_REDUCE_THREADS, MAX_WORK_GROUP, REGISTER_TILE, lower_gpu, work_group
+from tinychad.codegen.localtile import TILE_K
 from tinychad.codegen.uops import UOps
 from tinychad.engine.realize import capture
 from tinychad.engine.schedule import create_schedule
@@ -45,9 +47,9 @@ def test_work_group_sizes():
   assert all(np.prod(work_group(e)) <= MAX_WORK_GROUP for e in ([4096, 4096], [3, 999, 17], [1, 1, 1]))
 
 
-def _program(t: Tensor):
+def _program(t: Tensor, local_memory: bool = False):
   items = [i for i in create_schedule([t.lazydata]) if i.is_kernel]
-  return lower_gpu(items[-1])
+  return lower_gpu(items[-1], local_memory)
 
 
 def test_loops_become_a_guarded_grid():
@@ -80,6 +82,24 @@ def test_matmul_gets_a_register_tile():
   assert sum(u.vec for u in _program(a @ b).uops if u.op is UOps.DEFINE_ACC) == REGISTER_TILE
 
 
+def test_matmul_tiles_through_work_group_memory():
+  a, b = (Tensor(np.ones(s, np.float32), device="NUMPY") for s in ((64, 40), (40, 48)))
+  program = _program(a @ b, local_memory=True)
+  ops = [u.op for u in program.uops]
+  # a __local array per load of the reduce body (A's four tile rows, B's vector row), two barriers a step
+  assert ops.count(UOps.DEFINE_SHARED) == 5 and ops.count(UOps.BARRIER) == 2
+  assert sum(u.vec for u in program.uops if u.op is UOps.DEFINE_ACC) == REGISTER_TILE ** 2
+  assert [u.arg[1] for u in program.uops if u.op is UOps.RANGE and u.arg[0].endswith("_tile")] == [-(-40 // TILE_K)]
+  columns, rows = program.parallel[3:5]
+  assert program.parallel[:2] == (48 // REGISTER_TILE, -(-16 // rows) * rows) and columns * rows <= MAX_WORK_GROUP
+  source = render_gpu_library([program], ["k"])
+  assert source.count("__local float") == 5 and source.count("barrier(") == 2
+  assert not any(u.op is UOps.DEFINE_SHARED for u in _program(a @ b).uops)       # only where asked
+  # not matmul-shaped, or too short a reduce: the plain grid
+  for t in (a.exp() + 1, a.sum(1), a[:, :8] @ b[:8]):
+    assert not any(u.op is UOps.DEFINE_SHARED for u in _program(t, local_memory=True).uops)
+
+
 def test_few_long_reduces_are_grouped():
   program = _program(Tensor(np.ones((6, 1000), np.float32), device="NUMPY").sum(1))
   ops = [u.op for u in program.uops]
@@ -110,6 +130,49 @@ def test_reductions(shape, axis):
 def test_matmul_odd_sizes(m, k, n):
   a, b = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
   assert_both(lambda x, y: x @ y, a, b, atol=1e-4)
+
+
+@pytest.fixture(params=["register tile", "no register tile"])
+def local_tiles(request, monkeypatch):
+  """OPENCL lowering matmul-shaped kernels through work-group memory as on a GPU (PoCL's is ordinary
+  memory, so it doesn't by default), with and without gpu.py's register tile."""
+  device = Device["OPENCL"]
+  monkeypatch.setattr(device, "local_memory", True)
+  monkeypatch.setattr(device, "programs", {})
+  if request.param == "no register tile": monkeypatch.setattr(gpu, "_register_tile", lambda dims, access: {})
+
+
+@needs_opencl
+@pytest.mark.parametrize("m, k, n", [(64, 64, 64), (17, 33, 65), (130, 17, 129), (3, 100, 41), (100, 16, 36),
+                                     (33, 257, 7)])
+def test_local_tiled_matmul(local_tiles, m, k, n):
+  a, b = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
+  assert any(u.op is UOps.DEFINE_SHARED for u in _program(Tensor(a, device="NUMPY") @ Tensor(b, device="NUMPY"),
+                                                           local_memory=True).uops)
+  assert_both(lambda x, y: x @ y, a, b, atol=1e-4)
+
+
+@needs_opencl
+def test_local_tiled_kernels(local_tiles):
+  """Batched, fused, transposed, 1x1-convolution and other-dtype kernels through the tiles, forward and backward."""
+  a, b = rng.standard_normal((3, 37, 24)).astype(np.float32), rng.standard_normal((3, 24, 45)).astype(np.float32)
+  assert_both(lambda x, y: x @ y, a, b, atol=1e-4)
+  w, bias = rng.standard_normal((50, 33)).astype(np.float32), rng.standard_normal(50).astype(np.float32)
+  x = rng.standard_normal((21, 33)).astype(np.float32)
+  assert_both(lambda x, w, bias: x.linear(w.T, bias).relu().exp(), x, w, bias, atol=1e-4)
+  assert_both(lambda w, x: w[::2] @ x[:, ::-1].T, w, x, atol=1e-4)       # strided, reversed operands
+  images = rng.standard_normal((2, 24, 9, 7)).astype(np.float32)
+  kernel = rng.standard_normal((20, 24, 1, 1)).astype(np.float32)
+  assert_both(lambda x, k: x.conv2d(k), images, kernel, atol=1e-4)
+  for dtype in (np.float64, np.int32):
+    p, q = (rng.integers(-5, 5, s).astype(dtype) for s in ((19, 40), (40, 23)))
+    assert_both(lambda x, y: x @ y, p, q)
+  xs = Tensor(x, device="OPENCL", requires_grad=True)
+  ws = Tensor(w, device="OPENCL", requires_grad=True)
+  (xs @ ws.T).square().sum().backward()
+  want = 2 * (x @ w.T)
+  np.testing.assert_allclose(xs.grad.numpy(), want @ w, atol=1e-3, rtol=1e-5)
+  np.testing.assert_allclose(ws.grad.numpy(), want.T @ x, atol=1e-3, rtol=1e-5)
 
 
 @needs_opencl
@@ -153,6 +216,37 @@ def test_cuda_says_why_it_is_missing():
 
 
 @needs_opencl
+def test_kernel_cache_keeps_source_then_binary(monkeypatch, tmp_path):
+  """A program's source is stored the first time this machine builds it, its binary the second, and from then
+  on the binary loads without building the source (runtime/ops_opencl.py says why in that order)."""
+  from tinychad.runtime import cache
+  monkeypatch.setenv("TINYCHAD_CACHE", str(tmp_path))
+  device = Device["OPENCL"]
+  source = "__kernel void twice(__global float* a) { a[get_global_id(0)] *= 2.0f; }"
+  built = []
+  build = device.build_program
+  monkeypatch.setattr(device, "build_program", lambda text, name: built.append(text) or build(text, name))
+
+  def run_in_new_process(load):
+    cache._memory.clear()       # what a new process starts with: only the disk
+    program = load()
+    data = np.arange(4, dtype=np.float32)
+    memory = device.allocator.alloc(data.nbytes)
+    device.allocator.copyin(memory, data)
+    import pyopencl as cl
+    cl.Kernel(program, "twice")(device.queue, (4,), None, memory).wait()
+    np.testing.assert_array_equal(device.allocator.copyout(memory, 4, np.float32), data * 2)
+  key = device.binary_key(source, False)
+  run_in_new_process(lambda: device.library(source, "twice")[0])
+  assert len(built) == 1 and sorted(p.suffix for p in tmp_path.glob(key + "*")) == [".cl", ".sha256"]
+  run_in_new_process(lambda: device.stored_library(key))
+  assert len(built) == 2 and len(list(tmp_path.glob("*.clbin"))) == 1
+  run_in_new_process(lambda: device.stored_library(key))
+  assert len(built) == 2                     # loaded from the binary
+  assert device.stored_library("0" * 64) is None
+
+
+@needs_opencl
 def test_device_memory_errors():
   with pytest.raises(MemoryError, match="OPENCL"):
     Tensor.empty(1 << 62, dtype=dtypes.uint8, device="OPENCL").realize()
@@ -191,19 +285,23 @@ def _cuda_sources() -> tuple[tuple[str, str], ...]:
         outs += [(a + a) * a, a.max(1), a < a.T.reshape(2, 3), a.cast(dtypes.float32).exp() if dtype != dtypes.bool else a]
       f = Tensor.randn(33, 17)
       outs += [f.sin() / f.sqrt() % 3, f.bitcast(dtypes.int32) // 7, (f @ f.T).softmax(), f.cumsum(0), f.trunc(),
-               Tensor.randn(5, 3000).sum(1), Tensor.randn(700).max()]
+               Tensor.randn(5, 3000).sum(1), Tensor.randn(700).max(), Tensor.randn(3, 40, 24) @ Tensor.randn(3, 24, 45),
+               Tensor.randn(30, 40).cast(dtypes.float64) @ Tensor.randn(40, 20).cast(dtypes.float64),
+               Tensor.randint(0, 9, size=(30, 40)) @ Tensor.randint(0, 9, size=(40, 20))]
       for out in outs: out.realize()
   finally:
     Device.DEFAULT = previous
   items = {(item.ast, item.name): item for item, _ in steps if item is not None and item.is_kernel}
-  return tuple((item.name, render_gpu_library([lower_gpu(item)], [item.name], "CUDA")) for item in items.values())
+  # a CUDA GPU's shared memory is its own: matmul-shaped kernels are tiled through it (codegen/localtile.py)
+  return tuple((item.name, render_gpu_library([lower_gpu(item, local_memory=True)], [item.name], "CUDA"))
+               for item in items.values())
 
 
 @needs_nvrtc
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_cuda_kernels_compile(arch):
   sources = _cuda_sources()
-  assert len(sources) > 80
+  assert len(sources) > 80 and sum("gidx_col" in source for _, source in sources) >= 5     # tiled through shared memory
   for name, source in sources: compile_cuda(source, arch, f"{name}.cu")      # raises on any error or warning
 
 

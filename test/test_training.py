@@ -1,10 +1,13 @@
 """A short MLP trained with SGD lowers its loss, and matches PyTorch step for step."""
 from __future__ import annotations
 import numpy as np
+import pytest
 import torch
 from tinychad import Tensor
 from tinychad.nn import Linear
 from tinychad.nn.optim import SGD
+
+pytestmark = pytest.mark.usefixtures("train_device")     # conftest: the default device, then OPENCL
 
 
 def test_mlp_matches_pytorch_for_five_steps():

@@ -19,18 +19,22 @@ elements is one vector (`_vector_axis`: a vector load or store). Then:
   - a kernel with one reduce loop of at least GROUP_REDUCE_MIN steps and at most GROUP_REDUCE_MAX_OUTPUTS
     outputs (a full sum, a bias's gradient) is a grouped reduce (`_grouped_reduce`): GROUP_REDUCE_THREADS work-items share
     each output, each sums a strided slice of the reduce range, and the group adds their partial sums
-    in work-group memory, halving with a barrier between steps.
-Loops left (reduce loops, a scatter-add's inner loops) run inside each work-item.
+    in work-group memory, halving with a barrier between steps;
+  - on a device with work-group memory of its own, a matmul-shaped kernel stages tiles of its operands
+    there (localtile.py).
+Loops left (reduce loops, a scatter-add's inner loops) run inside each work-item. Flash attention's kernels
+(attention.py) keep their own lowering: each step of their parallel loop is a work-item.
 Not checked: CUDA's limit of 65535 blocks along dimensions 1 and 2 (OpenCL has none); only OpenCL runs.
 """
 from __future__ import annotations
 from tinychad.dtype import VECTOR_DTYPES, dtypes
 from tinychad.helpers import DEBUG, prod
 from tinychad.ops import BinaryOps, LoadOps
-from tinychad.codegen.attention import lower_attention
 from tinychad.codegen.linearize import linearize, opt_inputs
+from tinychad.codegen.localtile import local_tile
 from tinychad.codegen.opt import SCALAR_ONLY_OPS, Opts
 from tinychad.codegen.scatter import lower_scatter_add
+from tinychad.codegen.attention import lower_attention
 from tinychad.codegen.uops import Program, UOp, UOps
 
 MAX_WORK_GROUP = 128     # work-items per group: 4 warps on NVIDIA; PoCL vectorizes across them
@@ -41,18 +45,24 @@ GROUP_REDUCE_MIN = 256           # shorter reduces stay a loop in one work-item
 GROUP_REDUCE_MAX_OUTPUTS = 2048  # more outputs than this keep the device busy one work-item each
 
 
-def lower_gpu(item) -> Program:
-  """The GPU Program of a ScheduleItem's kernel (its `parallel` is the launch geometry)."""
-  if item.ast.op is LoadOps.SCATTER_ADD: program = lower_scatter_add(item.ast, item.name)
-  # a flash-attention kernel's loop over tiles of rows becomes the grid; each work-item runs one tile's blocks
-  elif item.ast.op is LoadOps.ATTENTION: program = lower_attention(item.ast, item.name)
+def lower_gpu(item, local_memory: bool = False) -> Program:
+  """The GPU Program of a ScheduleItem's kernel (its `parallel` is the launch geometry). `local_memory`: the
+  device has work-group memory of its own (a GPU), so matmul-shaped kernels stage their operands there
+  (localtile.py); where it is ordinary memory (PoCL on a CPU) that only adds copies and barriers."""
+  if item.ast.op is LoadOps.ATTENTION:
+    # flash attention's kernels (attention.py): each step of their parallel loop (a tile of query rows of one
+    # head) becomes a work-item, its scratch array private to it
+    program = to_grid(lower_attention(item.ast, item.name))
+  elif item.ast.op is LoadOps.SCATTER_ADD: program = lower_scatter_add(item.ast, item.name)
   else:
     dims, access, dtypes_used, ops_used = opt_inputs(item.ast)
     order = [d for d, (_, is_reduce) in enumerate(dims) if not is_reduce]
     tile = _register_tile(dims, access)
     vector = _vector_axis(tile, access, dtypes_used, ops_used)
     program = linearize(item.ast, item.name, Opts(tile, vector, order=order, cache_rows=False, stream=False))
-  program = _grouped_reduce(program) or to_grid(program)
+  if item.ast.op is not LoadOps.ATTENTION:
+    program = _grouped_reduce(program) or (local_tile(program, _mapped_loops(program.uops)) if local_memory else None) \
+      or to_grid(program)
   if DEBUG() >= 3:
     print(item.ast.pretty())
     print(program.pretty())

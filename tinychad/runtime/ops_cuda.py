@@ -176,7 +176,7 @@ class CUDADevice(Compiled):
     return 2 * clock_khz * 1e3 * bus_bits / 8 if clock_khz and bus_bits else None
 
   @staticmethod
-  def lower(item): return lower_gpu(item)
+  def lower(item): return lower_gpu(item, local_memory=True)   # a GPU's shared memory is its own: matmuls tile through it
 
   @staticmethod
   def renderer(programs: list, symbols: list[str]) -> str: return render_gpu_library(programs, symbols, "CUDA")

@@ -2,7 +2,8 @@
 (renderer/gpu.py), built by the platform's compiler through pyopencl and run on its first device.
 
 in: ScheduleItems to lower, GPU Programs to render and build, Buffers of device memory
-out: OpenCL programs (their source cached on disk by the kernel cache), kernels launched over their grid;
+out: OpenCL programs (their source, then their binary, cached on disk by the kernel cache), kernels launched
+     over their grid;
      device memory (cl.Buffer) with host<->device copies for device.Buffer.
 On the CI machines the platform is PoCL (Debian's pocl-opencl-icd), which runs OpenCL on the CPU with
 real work-groups, work-group memory and barriers. A launch waits for its kernel: realize times each
@@ -13,7 +14,7 @@ from typing import Any, NamedTuple
 import numpy as np
 from tinychad.codegen.gpu import lower_gpu
 from tinychad.renderer.gpu import render_gpu_library
-from tinychad.runtime.cache import cached_bytes, memoize, stored_bytes
+from tinychad.runtime.cache import cache_key, cached_bytes, memoize, stored_bytes
 from tinychad.runtime.compiled import Compiled
 
 try:
@@ -96,19 +97,24 @@ class OpenCLDevice(Compiled):
     self.context = cl.Context([self.device])
     self.queue = cl.CommandQueue(self.context, self.device)
     self.allocator = _Allocator(self.context, self.queue, self.device)
+    # work-group memory of its own (a GPU's), not emulated in global memory (PoCL on a CPU: staging matmul tiles
+    # there ran 2-5x slower than the register tile alone, bench/README.md "OPENCL")
+    self.dedicated_local_memory = self.device.local_mem_type == cl.device_local_mem_type.LOCAL
+    self.local_memory = self.dedicated_local_memory      # what the lowering uses (bench/opencl.py may force it)
 
   @staticmethod
   def available() -> bool: return _first_device() is not None
 
-  @staticmethod
-  def lower(item): return lower_gpu(item)
+  def lower(self, item): return lower_gpu(item, self.local_memory)
 
   @staticmethod
   def renderer(programs: list, symbols: list[str]) -> str: return render_gpu_library(programs, symbols, "OPENCL")
 
   def identity(self, source: str = "", contract: bool = False) -> str:
     platform = self.device.platform
-    return f"{platform.name} {platform.version} {self.device.name} {self.device.driver_version}"
+    # the lowering's choice too: kernel records made with work-group memory tiles name other sources
+    device = self.device
+    return f"{platform.name} {platform.version} {device.name} {device.driver_version} local={self.local_memory}"
 
   def build_program(self, source: str, name: str):
     try:
@@ -116,21 +122,34 @@ class OpenCLDevice(Compiled):
     except cl.Error as error:
       raise RuntimeError(f"OPENCL: kernel {name} doesn't build:\n{error}\n{source}") from None
 
-  # The kernel cache keeps the source that built, not the program binary: PoCL loads a binary slower than
-  # it rebuilds the source against its own cache of built programs (~/.cache/pocl; one kernel: 0.9 s
-  # against 0.14 s, twenty: 10 s against 0.14 s), and GPU drivers keep such caches too.
+  # The kernel cache keeps a program's source the first time this machine builds it, and its binary
+  # (clGetProgramInfo(CL_PROGRAM_BINARIES)) the second time, from then on loaded with
+  # clCreateProgramWithBinary. A binary isn't taken at the first build because on PoCL asking for it compiles
+  # a generic work-group function for every kernel (~150 ms each), more than the kernel's own first launch
+  # costs; a source this machine built before builds again cheaply against the driver's own cache
+  # (~/.cache/pocl: ~55 ms a program), and its binary then loads in ~2-13 ms (bench/README.md, "OPENCL").
   def library(self, source: str, name: str, contract: bool = False):
     key = self.binary_key(source, contract)
-
-    def build():
-      program = self.build_program(source, name)
-      cached_bytes(key, self.suffix, source.encode)
-      return program
-    return memoize(key, build), key
+    return memoize(key, lambda: self._program(key, source, name)), key
 
   def stored_library(self, key: str):
-    return memoize(key, lambda: None if (text := stored_bytes(key, self.suffix)) is None else
-                   self.build_program(text.decode(), key))
+    return memoize(key, lambda: self._program(key, None, key))
+
+  def _program(self, key: str, source: str | None, name: str):
+    """The program cached under `key`: its binary loaded, else its source built (`source` when not on disk;
+    None: nothing stored, never builds). The stored source of a program gets its binary stored beside it."""
+    binary_key = cache_key("binary", key)
+    if (binary := stored_bytes(binary_key, ".clbin")) is not None:
+      try:
+        return cl.Program(self.context, [self.device], [binary]).build()
+      except cl.Error:        # a binary the driver no longer takes (same version string, new build): the source
+        pass
+    stored = stored_bytes(key, self.suffix)
+    if stored is None and source is None: return None
+    program = self.build_program(source if stored is None else stored.decode(), name)
+    if stored is None: cached_bytes(key, self.suffix, source.encode)
+    else: cached_bytes(binary_key, ".clbin", lambda: program.get_info(cl.program_info.BINARIES)[0])
+    return program
 
   def kernel(self, handle, symbol: str, buffers: int, parallel) -> GPUKernel:
     return GPUKernel(cl.Kernel(handle, symbol), tuple(parallel), 0, handle)
