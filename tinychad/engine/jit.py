@@ -31,7 +31,7 @@ import types
 import weakref
 from typing import Any, Callable
 from tinychad.device import Buffer, Device
-from tinychad.engine.realize import HostCall, HostWrites, capture, loaded_program, realize, run_kernel
+from tinychad.engine.realize import HostCall, HostWrites, call_on_host, capture, loaded_program, realize, run_kernel
 from tinychad.helpers import DEBUG
 from tinychad.lazy import LazyBuffer
 from tinychad.ops import LoadOps
@@ -270,7 +270,7 @@ def _run_steps(steps: list, swap: dict[int, Buffer], timed: bool = False) -> Non
       mapped[0].copyin(mapped[1].as_numpy())
       continue
     if isinstance(item, HostCall):
-      item.fn(mapped)
+      call_on_host(item.fn, mapped)
       continue
     start = time.perf_counter()
     run_kernel(item, mapped)

@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Iterator
 from tinychad.codegen import Program, lower_item
-from tinychad.device import Buffer, Device
+from tinychad.device import DEVICE_MEMORY, Buffer, Device
 from tinychad.engine.schedule import ScheduleItem, schedule_graph
 from tinychad.engine.schedule_cache import Template, graph_key, lookup
 from tinychad.helpers import DEBUG, GlobalCounters, any_flag, getenv
@@ -58,6 +58,17 @@ class HostCall:
   fn: Callable[[list[Buffer]], None]
 
 
+def call_on_host(fn: Callable[[list[Buffer]], None], bufs: list[Buffer]) -> None:
+  """fn(bufs) for a host step, which reads and writes its buffers through as_numpy() views: a buffer in a device's
+  own memory (OPENCL, CUDA), whose as_numpy() is a copy, reaches fn as a host buffer, copied back after."""
+  if not any(buf.device in DEVICE_MEMORY for buf in bufs): return fn(bufs)
+  staged = [Buffer("NUMPY", buf.size, buf.dtype).copyin(buf.as_numpy()) if buf.device in DEVICE_MEMORY else buf
+            for buf in bufs]
+  fn(staged)
+  for buf, host in zip(bufs, staged):
+    if host is not buf: buf.copyin(host.as_numpy())
+
+
 class HostWrites:
   """How many host steps run_on_host has run. A host step writes buffers in place (an all-reduce, a broadcast of
   parameters), so TinyJit's constant-kernel skip, which trusts that a buffer it read is unchanged while it is
@@ -69,7 +80,7 @@ def run_on_host(name: str, fn: Callable[[list[Buffer]], None], bufs: list[Buffer
   """Run fn(bufs) now and append it to every open capture(), so a TinyJit replay calls fn again on the
   replay's buffers (which is how a jitted training step all-reduces each step's new gradients)."""
   HostWrites.count += 1
-  fn(bufs)
+  call_on_host(fn, bufs)
   for steps in _captures: steps.append((HostCall(name, fn), bufs))
 
 
