@@ -3,9 +3,10 @@
     with memory that is host bytes and launches that are only recorded): no driver, no GPU, a driver older
     than NVRTC, every CUresult turned into an error naming the call, out-of-memory as MemoryError, the
     architecture NVRTC compiles for, the copies, the launch geometry and arguments, the device choice;
-  - where a GPU is present (skipped elsewhere, the reason saying "no CUDA GPU"): property tests against the
-    NUMPY reference, gradients across .to("CUDA"), a training step and a TinyJit replay against the CPU, a
-    real out-of-memory. The op suite runs on CUDA through conftest's `each_device` where a GPU is present.
+  - where a GPU is present (skipped elsewhere, the reason saying "no CUDA GPU"): a training step and a TinyJit
+    replay against the CPU, a real out-of-memory. The property tests against the NUMPY reference and gradients
+    across .to("CUDA") are test_gpu_devices.py's (for OPENCL too); the op suite runs on CUDA through
+    conftest's `each_device` where a GPU is present.
 test/fake_libcuda.c is the fake driver in C: the same calls across a real C ABI.
 The CUDA C of every kernel of the op suite and of the bench models compiles to PTX with NVRTC in
 test/test_opencl.py; here the same kernels build to sm_90 cubins (what the device loads on an H100), and the
@@ -380,70 +381,6 @@ def test_forcing_cuda_says_why_it_cannot_run():
 
 
 # ---- where a GPU is present ----
-
-def on_both(fn, *arrays: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-  """fn over the arrays as Tensors on CUDA and on NUMPY."""
-  return tuple(fn(*[Tensor(a, device=d) for a in arrays]).numpy() for d in ("CUDA", "NUMPY"))
-
-
-def assert_both(fn, *arrays: np.ndarray, atol: float = 1e-5) -> None:
-  got, want = on_both(fn, *arrays)
-  assert got.shape == want.shape and got.dtype == want.dtype
-  np.testing.assert_allclose(got, want, atol=atol, rtol=1e-5)
-
-
-@needs_cuda
-@pytest.mark.parametrize("shape", [(1,), (7,), (129,), (3, 5), (13, 1, 17), (2, 3, 5, 7, 11), (0, 4), (1 << 20,)])
-def test_elementwise_shapes(shape):
-  a, b = rng.standard_normal(shape).astype(np.float32), rng.standard_normal(shape).astype(np.float32)
-  assert_both(lambda x, y: (x * y + x.exp()).relu() - y.abs().sqrt(), a, b)
-
-
-@needs_cuda
-@pytest.mark.parametrize("shape, axis", [((7, 13), 1), ((7, 13), 0), ((3, 129, 5), 1), ((1000,), 0), ((5, 0), 1),
-                                         ((2, 3, 4), (0, 2)), ((3, 1000), 1), ((257, 3), 0), ((4, 4096), 1)])
-def test_reductions(shape, axis):
-  a = rng.standard_normal(shape).astype(np.float32)
-  assert_both(lambda x: x.sum(axis), a, atol=1e-4)
-  if 0 not in shape:
-    assert_both(lambda x: x.max(axis), a)
-    assert_both(lambda x: x.softmax(-1), a)
-
-
-@needs_cuda
-@pytest.mark.parametrize("m, k, n", [(1, 1, 1), (3, 5, 7), (17, 33, 65), (64, 64, 64), (130, 7, 129), (256, 512, 128)])
-def test_matmul_odd_sizes(m, k, n):
-  a, b = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
-  assert_both(lambda x, y: x @ y, a, b, atol=1e-3)
-
-
-@needs_cuda
-@pytest.mark.parametrize("dtype", [dtypes.int32, dtypes.int64, dtypes.uint8, dtypes.bool, dtypes.float16, dtypes.float64])
-def test_dtypes(dtype):
-  a = (rng.standard_normal((5, 9)) * 20).astype(dtype.np)
-  b = (rng.standard_normal((5, 9)) * 20).astype(dtype.np)
-  for fn in (lambda x, y: x + y, lambda x, y: x < y, lambda x, y: x.max(1), lambda x, y: x.cast(dtypes.float32) * 3):
-    got, want = on_both(fn, a, b)
-    assert got.dtype == want.dtype
-    np.testing.assert_array_equal(got, want)
-
-
-@needs_cuda
-def test_non_contiguous_views():
-  a = rng.standard_normal((6, 9, 11)).astype(np.float32)
-  assert_both(lambda x: x.permute(2, 0, 1)[::2, 1:, ::-3] * 2, a)
-  assert_both(lambda x: x.pad(((1, 2), (0, 0), (3, 1))).sum(2), a)
-
-
-@needs_cuda
-def test_to_cuda_keeps_gradients():
-  x = Tensor(rng.standard_normal((4, 5)).astype(np.float32), device="CPU", requires_grad=True)
-  y = x.to("CUDA")
-  assert y.device == "CUDA"
-  (y.relu() * y).sum().backward()
-  assert x.grad.device == "CPU"
-  np.testing.assert_allclose(x.grad.numpy(), np.where(x.numpy() > 0, 2 * x.numpy(), 0), rtol=1e-6)
-
 
 def _train_steps(device: str, steps: int = 3) -> list[float]:
   """Losses of a small conv net trained with Adam on `device`, the same data and weights on every device."""
