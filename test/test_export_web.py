@@ -6,6 +6,7 @@ LSTM's WebAssembly writes at temperature 0 must be the Python model's greedy con
 saved (in the test's folder, and in $TINYCHAD_SCREENSHOTS when set). Also: `python -m tinychad.examples.web
 --export DIR` writes both pages' files."""
 from __future__ import annotations
+import contextlib
 import os
 import shutil
 import subprocess
@@ -18,6 +19,40 @@ from tinychad.examples import web, webtext
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
                   "--disable-component-update", "--disable-sync"]
+
+
+def needs_browser():
+  """Playwright's sync API, or a skip saying what is missing."""
+  if CHROMIUM is None: pytest.skip("no chromium (Debian: apt-get install chromium; .ci/run installs it)")
+  return pytest.importorskip("playwright.sync_api", reason="no playwright (pip install playwright)")
+
+
+@contextlib.contextmanager
+def opened_page(tmp_path, site, name: str):
+  """The page `name` of the exported `site`, served on 127.0.0.1 and opened in headless chromium (a fresh profile
+  folder, which Playwright passes as --user-data-dir) once its model has loaded: yields the page and the list of
+  page errors seen."""
+  sync_api = needs_browser()
+  server = web.serve(site, 0)
+  try:
+    with sync_api.sync_playwright() as p:
+      browser = p.chromium.launch_persistent_context(tmp_path / "profile", executable_path=CHROMIUM, args=CHROMIUM_FLAGS,
+                                                     viewport={"width": 900, "height": 700})
+      page = browser.new_page()
+      errors = []
+      page.on("pageerror", lambda e: errors.append(str(e)))
+      page.goto(f"http://127.0.0.1:{server.server_address[1]}/{name}")
+      page.wait_for_function("window.modelReady === true || window.modelError", timeout=30000)
+      assert page.evaluate("window.modelError || null") is None
+      yield page, errors
+      browser.close()
+  finally:
+    server.shutdown()
+
+
+def save_screenshot(page, path) -> None:
+  page.screenshot(path=str(path))
+  if os.getenv("TINYCHAD_SCREENSHOTS"): shutil.copyfile(path, os.path.join(os.environ["TINYCHAD_SCREENSHOTS"], path.name))
 
 
 @pytest.fixture(scope="module")
@@ -56,43 +91,27 @@ def test_export_writes_the_page(tmp_path, trained_cnn, trained_lm):
 
 
 def test_drawn_seven_is_read_in_the_browser(tmp_path, trained_cnn):
-  if CHROMIUM is None: pytest.skip("no chromium (Debian: apt-get install chromium; .ci/run installs it)")
-  sync_api = pytest.importorskip("playwright.sync_api", reason="no playwright (pip install playwright)")
+  needs_browser()
   _, model = trained_cnn
   site = tmp_path / "site"
   web.export_page(model, site)
-  server = web.serve(site, 0)
-  try:
-    with sync_api.sync_playwright() as p:
-      # a fresh profile folder (Playwright passes it as --user-data-dir)
-      browser = p.chromium.launch_persistent_context(tmp_path / "profile", executable_path=CHROMIUM, args=CHROMIUM_FLAGS,
-                                                     viewport={"width": 900, "height": 700})
-      page = browser.new_page()
-      errors = []
-      page.on("pageerror", lambda e: errors.append(str(e)))
-      page.goto(f"http://127.0.0.1:{server.server_address[1]}/index.html")
-      page.wait_for_function("window.modelReady === true || window.modelError", timeout=30000)
-      assert page.evaluate("window.modelError || null") is None
-      box = page.locator("#pad").bounding_box()
-      at = lambda x, y: (box["x"] + x * box["width"] / 280, box["y"] + y * box["height"] / 280)
-      # a 7: the top bar left to right, then the slanted stem down to the bottom left
-      strokes = [[(75, 60), (205, 60)], [(205, 60), (120, 235)]]
-      for stroke in strokes:
-        page.mouse.move(*at(*stroke[0]))
-        page.mouse.down()
-        for t in np.linspace(0, 1, 12)[1:]:
-          page.mouse.move(*at(*[a + (b - a) * t for a, b in zip(*stroke)]))
-        page.mouse.up()
-      page.wait_for_function("window.lastProbs && document.getElementById('prediction').dataset.digit !== ''")
-      shown = int(page.locator("#prediction").inner_text())
-      pixels = np.array(page.evaluate("window.lastPixels"), dtype=np.float32).reshape(1, 1, 28, 28)
-      page_probs = np.array(page.evaluate("window.lastProbs"), dtype=np.float32)
-      screenshot = tmp_path / "web_demo.png"
-      page.screenshot(path=str(screenshot))
-      if os.getenv("TINYCHAD_SCREENSHOTS"): shutil.copyfile(screenshot, os.path.join(os.environ["TINYCHAD_SCREENSHOTS"], "web_demo.png"))
-      browser.close()
-  finally:
-    server.shutdown()
+  screenshot = tmp_path / "web_demo.png"
+  with opened_page(tmp_path, site, "index.html") as (page, errors):
+    box = page.locator("#pad").bounding_box()
+    at = lambda x, y: (box["x"] + x * box["width"] / 280, box["y"] + y * box["height"] / 280)
+    # a 7: the top bar left to right, then the slanted stem down to the bottom left
+    strokes = [[(75, 60), (205, 60)], [(205, 60), (120, 235)]]
+    for stroke in strokes:
+      page.mouse.move(*at(*stroke[0]))
+      page.mouse.down()
+      for t in np.linspace(0, 1, 12)[1:]:
+        page.mouse.move(*at(*[a + (b - a) * t for a, b in zip(*stroke)]))
+      page.mouse.up()
+    page.wait_for_function("window.lastProbs && document.getElementById('prediction').dataset.digit !== ''")
+    shown = int(page.locator("#prediction").inner_text())
+    pixels = np.array(page.evaluate("window.lastPixels"), dtype=np.float32).reshape(1, 1, 28, 28)
+    page_probs = np.array(page.evaluate("window.lastProbs"), dtype=np.float32)
+    save_screenshot(page, screenshot)
   assert not errors, errors
   assert pixels.max() == 1.0 and 40 < (pixels > 0.5).sum() < 400, "the page rasterized the drawing into a digit-sized image"
   python_probs = web.probabilities(nn.eval(model))(Tensor(pixels)).numpy()[0]
@@ -103,40 +122,25 @@ def test_drawn_seven_is_read_in_the_browser(tmp_path, trained_cnn):
 
 
 def test_text_page_generates_the_greedy_continuation(tmp_path, trained_lm):
-  if CHROMIUM is None: pytest.skip("no chromium (Debian: apt-get install chromium; .ci/run installs it)")
-  sync_api = pytest.importorskip("playwright.sync_api", reason="no playwright (pip install playwright)")
+  needs_browser()
   _, model, data = trained_lm
   site = tmp_path / "site"
   webtext.export_text_page(model, data, site)
-  server = web.serve(site, 0)
   prompt, length = "The default ", 120
-  try:
-    with sync_api.sync_playwright() as p:
-      browser = p.chromium.launch_persistent_context(tmp_path / "profile", executable_path=CHROMIUM, args=CHROMIUM_FLAGS,
-                                                     viewport={"width": 900, "height": 700})
-      page = browser.new_page()
-      errors = []
-      page.on("pageerror", lambda e: errors.append(str(e)))
-      page.goto(f"http://127.0.0.1:{server.server_address[1]}/text.html")
-      page.wait_for_function("window.modelReady === true || window.modelError", timeout=30000)
-      assert page.evaluate("window.modelError || null") is None
-      page.fill("#prompt", "")
-      page.type("#prompt", prompt)
-      page.fill("#temperature", "0")
-      page.fill("#length", str(length))
-      page.click("#generate")
-      # characters appear while it runs: some are on the page before the last one is
-      page.wait_for_function("window.generated && window.generated.length > 0", timeout=30000)
-      partial = len(page.evaluate("window.generated"))
-      page.wait_for_function("window.generating === false", timeout=60000)
-      generated = page.evaluate("window.generated")
-      shown = page.locator("#output").inner_text()
-      screenshot = tmp_path / "web_text.png"
-      page.screenshot(path=str(screenshot))
-      if os.getenv("TINYCHAD_SCREENSHOTS"): shutil.copyfile(screenshot, os.path.join(os.environ["TINYCHAD_SCREENSHOTS"], "web_text.png"))
-      browser.close()
-  finally:
-    server.shutdown()
+  screenshot = tmp_path / "web_text.png"
+  with opened_page(tmp_path, site, "text.html") as (page, errors):
+    page.fill("#prompt", "")
+    page.type("#prompt", prompt)
+    page.fill("#temperature", "0")
+    page.fill("#length", str(length))
+    page.click("#generate")
+    # characters appear while it runs: some are on the page before the last one is
+    page.wait_for_function("window.generated && window.generated.length > 0", timeout=30000)
+    partial = len(page.evaluate("window.generated"))
+    page.wait_for_function("window.generating === false", timeout=60000)
+    generated = page.evaluate("window.generated")
+    shown = page.locator("#output").inner_text()
+    save_screenshot(page, screenshot)
   assert not errors, errors
   want = webtext.greedy_continuation(model, data, prompt, length)
   assert len(generated) == length
