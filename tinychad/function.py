@@ -727,6 +727,23 @@ def _tap_products(grad_cl: LazyBuffer, weight: LazyBuffer, groups: int) -> TapPr
   return tap_factor
 
 
+def _taps_reaching_input(kernel, outs, dilation, pads, stride, rows):
+  """Each tap of a window (kernel positions) that reaches the input, with where its values go in the input's
+  (q, r) layout, y = q*stride + r (rows: q's extent per axis): yields (tap, keep, pads), keep the (lo, hi) range of
+  output positions per axis whose window reaches an input position through the tap, pads the two (before,
+  after) paddings per axis, of q and of r, that put those positions' values where they land. A tap reaches one
+  r only, and moves q one step per output position; taps that reach only padding are left out."""
+  for tap in itertools.product(*(range(k) for k in kernel)):
+    keep, places = [], []
+    for o, k, d, (before, _), s, q_size in zip(outs, tap, dilation, pads, stride, rows):
+      r = (k * d - before) % s
+      shift = (k * d - before - r) // s       # the q that output position 0 reaches
+      lo, hi = max(0, -shift), min(o, q_size - shift)
+      keep.append((lo, hi))
+      places += [(lo + shift, q_size - hi - shift), (r, s - 1 - r)]
+    if all(lo < hi for lo, hi in keep): yield tap, tuple(keep), tuple(places)
+
+
 def _input_gradient_by_taps(grad_cl: LazyBuffer, weight: LazyBuffer, geo: ConvGeometry,
                             x_shape: tuple[int, ...]) -> LazyBuffer:
   """The input gradient of a one-group or depthwise convolution from its channels-last output gradient (bs, *out, cout).
@@ -743,15 +760,7 @@ def _input_gradient_by_taps(grad_cl: LazyBuffer, weight: LazyBuffer, geo: ConvGe
   products_at = _tap_products(grad_cl, weight, geo.groups)
   rows = [-(-size // s) for size, s in zip(ins, geo.stride)]      # q's extent per axis
   total = None
-  for tap in itertools.product(*(range(k) for k in kernel)):
-    keep, pads = [], []
-    for o, k, d, (before, _), s, q_size in zip(outs, tap, geo.dilation, geo.pads, geo.stride, rows):
-      r = (k * d - before) % s
-      shift = (k * d - before - r) // s       # the q that output position 0 reaches
-      lo, hi = max(0, -shift), min(o, q_size - shift)
-      keep.append((lo, hi))
-      pads += [(lo + shift, q_size - hi - shift), (r, s - 1 - r)]
-    if any(lo >= hi for lo, hi in keep): continue   # a tap that reaches only padding
+  for tap, keep, pads in _taps_reaching_input(kernel, outs, geo.dilation, geo.pads, geo.stride, rows):
     values, factor = products_at(tap)
     piece = values.shrink(((0, bs),) + tuple(keep) + ((0, cin),))
     piece = piece.reshape((bs,) + tuple(v for lo, hi in keep for v in (hi - lo, 1)) + (cin,))
@@ -855,15 +864,7 @@ class MaxPool(Function):
     grid = lead + tuple(v for q, s in zip(rows, self.stride) for v in (q, s))
     x_grid = x.pad(none + tuple((0, q * s - size) for q, s, size in zip(rows, self.stride, spatial))).reshape(grid)
     total = None
-    for tap in itertools.product(*(range(k) for k in self.kernel)):
-      keep, pads = [], []
-      for o, t, d, s, q, (before, _) in zip(outs, tap, self.dilation, self.stride, rows, self.pads):
-        r = (t * d - before) % s
-        shift = (t * d - before - r) // s       # the q that window 0 reaches through this tap
-        lo, hi = max(0, -shift), min(o, q - shift)
-        keep.append((lo, hi))
-        pads += [(lo + shift, q - hi - shift), (r, s - 1 - r)]
-      if any(lo >= hi for lo, hi in keep): continue    # a tap that reaches only padding
+    for _, keep, pads in _taps_reaching_input(self.kernel, outs, self.dilation, self.pads, self.stride, rows):
       def at_tap(v: LazyBuffer) -> LazyBuffer:
         v = v.shrink(tuple((0, size) for size in lead) + tuple(keep))
         return v.reshape(lead + tuple(u for lo, hi in keep for u in (hi - lo, 1))).pad(none + tuple(pads))

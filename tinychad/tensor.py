@@ -37,9 +37,6 @@ CUMSUM_BLOCK = 32   # a cumsum row longer than this is summed in blocks (Tensor.
 SORT_MAX = 8192     # sort/topk rank by n*n comparisons per row (and an n*n tie-break mask): refused beyond this
 
 
-_INT_TYPE = {int}
-
-
 def _shape_str(shape) -> str: return str(tuple(int(s) for s in shape))
 
 
@@ -357,7 +354,7 @@ class Tensor:
     order = argfix(*order)
     ndim, natural = len(self.lazydata.shape), tuple(range(len(self.lazydata.shape)))
     # the common case, a permutation of 0..ndim-1 as Python ints, needs no normalizing (negative axes, checks)
-    if len(order) != ndim or set(order) != set(natural) or not set(map(type, order)) <= _INT_TYPE:
+    if len(order) != ndim or set(order) != set(natural) or not all(type(o) is int for o in order):
       if len(order) != ndim: raise ValueError(f"permute: order {order} has {len(order)} dims but tensor of shape {_shape_str(self.shape)} has {ndim}")
       order = tuple(self._axis(o, "permute") for o in order)
       if len(set(order)) != ndim: raise ValueError(f"permute: {order} is not a permutation of the dims of shape {_shape_str(self.shape)}")
