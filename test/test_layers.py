@@ -146,6 +146,16 @@ def test_no_layer_imports_a_higher_one():
     pytest.fail(f"{len(violations)} imports of a higher layer:\n  " + "\n  ".join(violations), pytrace=False)
 
 
+def test_devices_lower_nothing_themselves():
+  """A device is an allocator, a compiler and a program loader (with its renderer): lowering kernels to IR is
+  codegen's, called by engine/realize.py, so nothing under runtime/ imports codegen/ (a GPU device says it wants
+  codegen/gpu.py's lowering with `gpu_lowering`)."""
+  modules, edges = _graph()
+  found = [f"{_rel(modules[module])}:{line} imports {target}" for module, imports in edges.items()
+           if module.startswith("tinychad.runtime") for line, target, _ in imports if target.startswith("tinychad.codegen")]
+  assert not found, found
+
+
 def test_no_two_modules_import_each_other():
   modules, edges = _graph()
   targets = {module: {target for _, target, _ in imports} for module, imports in edges.items()}

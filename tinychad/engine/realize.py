@@ -25,6 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Iterator
 from tinychad.codegen import Program, lower_item
+from tinychad.codegen.gpu import lower_gpu
 from tinychad.device import DEVICE_MEMORY, Buffer, Device
 from tinychad.engine.schedule import ScheduleItem, schedule_graph
 from tinychad.engine.schedule_cache import Template, graph_key, lookup
@@ -269,7 +270,7 @@ def build(items: list[ScheduleItem]) -> dict[tuple, float]:
     if kernel is not None:
       device.programs[key] = kernel
       continue
-    if hasattr(device, "lower"): program = device.lower(item)   # a GPU device's own lowering (codegen/gpu.py)
+    if getattr(device, "gpu_lowering", False): program = lower_gpu(item, device.local_memory)   # OPENCL, CUDA
     else:
       opts = None
       if getenv("BEAM", 0) >= 1:

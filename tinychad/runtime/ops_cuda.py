@@ -25,7 +25,6 @@ import sys
 import threading
 from typing import Any, NamedTuple
 import numpy as np
-from tinychad.codegen.gpu import lower_gpu
 from tinychad.helpers import DEBUG
 from tinychad.renderer.gpu import render_gpu_library
 from tinychad.runtime.compiled import Compiled
@@ -175,8 +174,8 @@ class CUDADevice(Compiled):
       return None
     return 2 * clock_khz * 1e3 * bus_bits / 8 if clock_khz and bus_bits else None
 
-  @staticmethod
-  def lower(item): return lower_gpu(item, local_memory=True)   # a GPU's shared memory is its own: matmuls tile through it
+  # engine/realize lowers its kernels with codegen/gpu.py; a GPU's shared memory is its own: matmuls tile through it
+  gpu_lowering, local_memory = True, True
 
   @staticmethod
   def renderer(programs: list, symbols: list[str]) -> str: return render_gpu_library(programs, symbols, "CUDA")

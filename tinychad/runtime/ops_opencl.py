@@ -12,7 +12,6 @@ kernel alone, and a copy back to the host must see the results anyway.
 from __future__ import annotations
 from typing import Any, NamedTuple
 import numpy as np
-from tinychad.codegen.gpu import lower_gpu
 from tinychad.renderer.gpu import render_gpu_library
 from tinychad.runtime.cache import cache_key, cached_bytes, memoize, stored_bytes
 from tinychad.runtime.compiled import Compiled
@@ -105,7 +104,7 @@ class OpenCLDevice(Compiled):
   @staticmethod
   def available() -> bool: return _first_device() is not None
 
-  def lower(self, item): return lower_gpu(item, self.local_memory)
+  gpu_lowering = True   # engine/realize lowers its kernels with codegen/gpu.py, tiling through local_memory or not
 
   @staticmethod
   def renderer(programs: list, symbols: list[str]) -> str: return render_gpu_library(programs, symbols, "OPENCL")
