@@ -34,28 +34,31 @@ class _MemoryPool:
   BIG_BYTES = 64 << 20
 
   def __init__(self):
-    self.free: dict[int, list[tuple[np.ndarray, int]]] = {}
+    self.free: dict[int, list[tuple[np.ndarray, int, ctypes.c_void_p]]] = {}
     self.pooled_bytes = 0
 
-  def take(self, nbytes: int, alignment: int = 64) -> tuple[np.ndarray, int]:
-    """`nbytes` of memory and its address (kept with it: asking numpy for it again costs a microsecond)."""
+  def take(self, nbytes: int, alignment: int = 64) -> tuple[np.ndarray, int, ctypes.c_void_p]:
+    """`nbytes` of memory, its address and that address as a ctypes pointer (kept with it: asking numpy for the
+    address costs a microsecond, and a kernel called with pointers skips ctypes' conversion of each argument)."""
     pooled = self.free.get(nbytes)
     if pooled:
       self.pooled_bytes -= nbytes
       return pooled.pop()
     if nbytes >= self.BIG_BYTES:
       memory = np.frombuffer(mmap.mmap(-1, nbytes), dtype=np.uint8)   # the array keeps the map alive, then unmaps it
-      return memory, memory.ctypes.data
-    raw = np.empty(nbytes + alignment, dtype=np.uint8)
-    start = (-raw.ctypes.data) % alignment
-    return raw[start:start + nbytes], raw.ctypes.data + start
+      address = memory.ctypes.data
+    else:
+      raw = np.empty(nbytes + alignment, dtype=np.uint8)
+      start = (-raw.ctypes.data) % alignment
+      memory, address = raw[start:start + nbytes], raw.ctypes.data + start
+    return memory, address, ctypes.c_void_p(address)
 
-  def give(self, memory: np.ndarray, address: int) -> None:
+  def give(self, memory: np.ndarray, address: int, pointer: ctypes.c_void_p) -> None:
     nbytes = memory.nbytes
     if nbytes >= self.BIG_BYTES or self.pooled_bytes + nbytes > self.LIMIT_BYTES: return
     pooled = self.free.get(nbytes)
     if pooled is None: pooled = self.free[nbytes] = []
-    pooled.append((memory, address))
+    pooled.append((memory, address, pointer))
     self.pooled_bytes += nbytes
 
   def clear(self) -> None:
@@ -109,7 +112,7 @@ def empty_cache() -> None:
 class Buffer:
   """`size` elements of `dtype` in host memory for `device` (64-byte aligned, from the pool)."""
   # made and freed once per kernel an eager step runs: slots make both quicker
-  __slots__ = ("device", "size", "dtype", "nbytes", "address", "_memory", "_data", "_allocator")
+  __slots__ = ("device", "size", "dtype", "nbytes", "address", "pointer", "_memory", "_data", "_allocator")
 
   def __init__(self, device: str, size: int, dtype: DType):
     self.device, self.size, self.dtype = device, size, dtype
@@ -123,7 +126,7 @@ class Buffer:
     if self._memory is None or GlobalCounters is None or memory_pool is None: return   # None: the interpreter is shutting down
     GlobalCounters.mem_used -= self.nbytes
     if self.device in DEVICE_MEMORY: self._allocator.free(self._memory)
-    else: memory_pool.give(self._memory, self.address)
+    else: memory_pool.give(self._memory, self.address, self.pointer)
 
   def allocate(self) -> Buffer:
     if self._memory is None:
@@ -131,8 +134,9 @@ class Buffer:
       if self.device in DEVICE_MEMORY:
         # the allocator is kept: the buffer goes back to it even if the registry has changed or is gone by then
         self._allocator = Device[self.device].allocator
-        self._memory, self.address = self._allocator.alloc(nbytes), 0
-      else: self._memory, self.address = memory_pool.take(nbytes)   # address: what kernels are called with
+        self._memory, self.address, self.pointer = self._allocator.alloc(nbytes), 0, None
+      # address (and pointer, the same as a ctypes object): what kernels are called with
+      else: self._memory, self.address, self.pointer = memory_pool.take(nbytes)
       used = GlobalCounters.mem_used = GlobalCounters.mem_used + nbytes
       if used > GlobalCounters.mem_peak: GlobalCounters.mem_peak = used
     return self

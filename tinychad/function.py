@@ -19,18 +19,8 @@ from tinychad.ops import AttentionArg, UnaryOps, BinaryOps, TernaryOps, ReduceOp
 
 
 class Function:
-  def __init__(self, *tensors):
-    # True if any input requires grad, else None if any might, else False (a loop, not lists: every recorded op runs it)
-    requires_grad = False
-    for t in tensors:
-      needs = t.requires_grad
-      if needs:
-        requires_grad = True
-        break
-      if needs is None: requires_grad = None
-    self.requires_grad = requires_grad
-    # None (tinygrad's "not decided") records the graph too: a backward pass that reaches a None leaf gives it a grad
-    if self.requires_grad is not False: self.parents = tensors
+  requires_grad: bool | None   # True if an input requires grad, else None if one might (tinygrad's "not decided")
+  parents: tuple               # the input tensors, kept where a backward pass may come through
 
   @property
   def needs_input_grad(self) -> list[bool]:
@@ -43,8 +33,19 @@ class Function:
   def apply(cls, *tensors, **kwargs):
     """forward() on the tensors' LazyBuffers; the result is a tensor of the first input's class (Tensor),
     linked to this node for backward unless gradients are off (Tensor.no_grad)."""
+    # requires_grad: a loop, not lists, and the node made without an __init__ call: every recorded op runs this
+    requires_grad = False
+    for t in tensors:
+      needs = t.requires_grad
+      if needs:
+        requires_grad = True
+        break
+      if needs is None: requires_grad = None
+    ctx = object.__new__(cls)
+    ctx.requires_grad = requires_grad
+    # None records the graph too: a backward pass that reaches a None leaf gives it a grad
+    if requires_grad is not False: ctx.parents = tensors
     tensor_type = type(tensors[0])
-    ctx = cls(*tensors)
     result = ctx.forward(*map(_lazydata, tensors), **kwargs)
     if tensor_type.no_grad: return tensor_type.from_lazy(result, False)
     out = tensor_type.from_lazy(result, ctx.requires_grad)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 import numpy as np
 from tinychad.dtype import DType, dtypes
-from tinychad.ops import UnaryOps, TernaryOps, ReduceOps, LoadOps, COMPARISONS, Op
+from tinychad.ops import RESULT_DTYPE, UnaryOps, ReduceOps, LoadOps, Op
 from tinychad.helpers import getenv, inverse_permutation, prod
 from tinychad.view import ShapeTracker
 
@@ -88,7 +88,7 @@ class LazyBuffer:
     # 0.0 and -0.0 are equal keys, NaN equals nothing: those are made anew, as is any value but a Python scalar
     if type(value) not in _SCALARS or value != value or value == 0: return LazyBuffer.full(value, shape, dtype, device)
     made = _operands.get(key)
-    if made is None or made.base.realized is not None:
+    if made is None or (made if made._base is None else made._base).realized is not None:
       made = _operands[key] = LazyBuffer.full(value, shape, dtype, device)
       if len(_operands) > MAX_OPERANDS: _operands.clear()
     return made
@@ -103,17 +103,19 @@ class LazyBuffer:
   # ---- compute ops: each makes a new base ----
   def e(self, op: Op, *srcs: LazyBuffer, arg=None) -> LazyBuffer:
     inputs = (self,) + srcs
-    order = _shared_layout(inputs)
-    if order is not None:
-      # every input is the same permutation of a contiguous buffer: compute in that buffer's order and
-      # permute the result, so the layout (a convolution's channels-last output) survives the op
-      physical = [x.permute(order) for x in inputs]
-      return physical[0].e(op, *physical[1:], arg=arg).permute(inverse_permutation(order))
-    if op in COMPARISONS: dtype = dtypes.bool
-    elif op is UnaryOps.CAST or op is UnaryOps.BITCAST: dtype = arg
-    elif op is TernaryOps.WHERE: dtype = srcs[0].dtype
-    else: dtype = self.dtype
-    return LazyBuffer(self.device, ShapeTracker.from_shape(self.shape), dtype, op, arg, inputs)
+    st = self.st
+    # the common case, a computed (or to be computed) contiguous base first, is natural order: _shared_layout's
+    # answer for it, without the call
+    if not st.contiguous or self._base is not None or self.op is LoadOps.CONST:
+      order = _shared_layout(inputs)
+      if order is not None:
+        # every input is the same permutation of a contiguous buffer: compute in that buffer's order and
+        # permute the result, so the layout (a convolution's channels-last output) survives the op
+        physical = [x.permute(order) for x in inputs]
+        return physical[0].e(op, *physical[1:], arg=arg).permute(inverse_permutation(order))
+      st = ShapeTracker.from_shape(self.shape)
+    rule = RESULT_DTYPE.get(op)
+    return LazyBuffer(self.device, st, self.dtype if rule is None else rule(inputs, arg), op, arg, inputs)
 
   def r(self, op: ReduceOps, axis: tuple[int, ...]) -> LazyBuffer:
     """Reduce over `axis`, keeping those axes as size 1."""

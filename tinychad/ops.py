@@ -209,6 +209,13 @@ OP_INFO: dict[Op, OpInfo] = {
 }
 # ops whose result is bool regardless of the input dtype
 COMPARISONS = {op for op, info in OP_INFO.items() if info.dtype is dtypes.bool}
+# the result dtype of the ops whose result isn't their first source's dtype, from (sources, arg): every recorded op
+# asks, and the common answer (no rule) is one dictionary miss
+RESULT_DTYPE: dict[Op, Callable[[tuple, Any], DType]] = {
+  **{op: lambda srcs, arg: dtypes.bool for op in COMPARISONS},
+  UnaryOps.CAST: lambda srcs, arg: arg, UnaryOps.BITCAST: lambda srcs, arg: arg,
+  TernaryOps.WHERE: lambda srcs, arg: srcs[1].dtype,       # the condition is first
+}
 
 
 class KernelNode:

@@ -33,6 +33,7 @@ from tinychad.ops import BinaryOps, LoadOps
 from tinychad.view import read_view
 
 Scalar = int | float | bool
+_NUMBERS = (int, float)
 CUMSUM_BLOCK = 32   # a cumsum row longer than this is summed in blocks (Tensor._running_sum)
 SORT_MAX = 8192     # sort/topk rank by n*n comparisons per row (and an n*n tie-break mask): refused beyond this
 
@@ -569,7 +570,9 @@ class Tensor:
     elif isinstance(other, (bool, int, float, np.generic)):
       other = other.item() if isinstance(other, np.generic) else other
       mine = x.lazydata
-      dtype = _scalar_promotion(mine.dtype, len(mine.shape) > 0, scalar_dtype(other))
+      # a float tensor keeps its dtype with a Python int or float (the common case, without the promotion rules)
+      if mine.dtype.category == 2 and type(other) in _NUMBERS: dtype = mine.dtype
+      else: dtype = _scalar_promotion(mine.dtype, len(mine.shape) > 0, scalar_dtype(other))
       # a scalar has no gradient and broadcasts to x's shape: it is made at that shape directly, a
       # constant seen through one zero-stride view, instead of a 0-d tensor reshaped and expanded by
       # two recorded ops (most scalar ops in a composite like erf or gelu cost a third less)

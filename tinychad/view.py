@@ -198,20 +198,13 @@ class ShapeTracker:
     return _contiguous_tracker(tuple(shape))
 
   def __post_init__(self):
-    # every LazyBuffer made reads its tracker's shape: a plain attribute, not a property call
+    # every LazyBuffer made reads its tracker's shape, and every recorded op asks whether its inputs are contiguous:
+    # plain attributes, worked out once per tracker (trackers are shared: from_shape and the movements cache them)
     object.__setattr__(self, "shape", self.views[-1].shape)
+    object.__setattr__(self, "contiguous", len(self.views) == 1 and self.views[0].contiguous)
 
   @property
   def size(self) -> int: return prod(self.shape)
-
-  @property
-  def contiguous(self) -> bool:
-    # asked for every input of every recorded op: worked out once per tracker, as View.contiguous is
-    cached = self.__dict__.get("_contiguous")
-    if cached is None:
-      cached = len(self.views) == 1 and self.views[0].contiguous
-      object.__setattr__(self, "_contiguous", cached)
-    return cached
 
   @property
   def has_mask(self) -> bool: return any(v.mask is not None for v in self.views)

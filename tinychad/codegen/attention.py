@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from typing import Any
 from tinychad.dtype import DType, dtypes
-from tinychad.ops import COMPARISONS, AttentionArg, BinaryOps, KernelNode, TernaryOps, UnaryOps
+from tinychad.ops import RESULT_DTYPE, AttentionArg, BinaryOps, KernelNode, TernaryOps, UnaryOps
 from tinychad.codegen.uops import Program, UOp, UOps
 
 # how many times the compiler repeats the body of a dot product's or a weighted sum's loop
@@ -62,7 +62,8 @@ class _Kernel:
   def alu(self, op: Any, *srcs: UOp, dtype: DType | None = None) -> UOp:
     """op over the sources, as wide as the widest; of their dtype (a WHERE's values'), bool for a comparison."""
     if dtype is None:
-      dtype = dtypes.bool if op in COMPARISONS else srcs[1].dtype if op is TernaryOps.WHERE else srcs[0].dtype
+      rule = RESULT_DTYPE.get(op)
+      dtype = srcs[0].dtype if rule is None else rule(srcs, None)
     return self.emit(UOps.ALU, dtype, srcs, op, max(s.vec for s in srcs))
 
   # index arithmetic (ints are constants)

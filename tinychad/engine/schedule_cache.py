@@ -10,7 +10,9 @@ device, shape and its sources' positions. Which buffers are shared, and which ar
 Two graphs with equal keys differ only in which buffers they hold, so the scheduler's fusion choices
 and kernel trees are the same: a ScheduleItem is kept as its kernel tree and the positions of its
 output and inputs. Buffers the scheduler made itself (packed panels) are made anew each time.
-A big graph's key is a GraphKey, which hashes its entries once: the cache looks it up and reorders it (LRU).
+A big graph's key is a GraphKey, which hashes its entries once. The cache forgets the least recently used
+templates by the second-chance (CLOCK) rule: a hit only marks its template used, so the key is hashed once per
+lookup, and the oldest templates are visited only when the cache is full.
 A template also keeps `launch`, what engine/realize.py prepared to run it again without ScheduleItems
 (the kernels loaded, the buffers' sizes); it lives and dies with the template, so it is keyed as the
 template is, and dropping the cache (the tests' fixture does) drops it too.
@@ -23,9 +25,9 @@ from tinychad.helpers import getenv, toposort
 from tinychad.lazy import LazyBuffer
 from tinychad.ops import KernelNode, LoadOps
 
-MAX_SCHEDULES = 1024     # graph shapes remembered, least recently used forgotten first
+MAX_SCHEDULES = 1024     # graph shapes remembered, the least recently used forgotten first
 # a graph of more nodes is keyed by a GraphKey (its hash kept); a smaller one (and the one-op graphs, graph_key's
-# eager case) by its key tuple itself, whose C-level hash, done twice per lookup (get, move_to_end), costs less
+# eager case) by its key tuple itself, whose C-level hash, done once per lookup, costs less
 # than GraphKey's Python-level __hash__ and __eq__. Measured: a 3-node key looks up in 0.45 us as a tuple; a
 # 30-node one (gelu) in 4.5 us as a tuple, 1.9 us as a GraphKey
 SMALL_GRAPH = 8
@@ -120,6 +122,7 @@ class Template:
   `launch` is None until realize prepares one (engine/realize.py: Launch)."""
   def __init__(self, items: list, nodes: list[LazyBuffer]):
     self.launch: Any = None
+    self.used = False       # looked up since the cache last passed it over (remember's second chance)
     position = {lb: i for i, lb in enumerate(nodes)}
     made: dict[LazyBuffer, int] = {}
     def ref(lb: LazyBuffer) -> int:
@@ -142,11 +145,17 @@ _templates: OrderedDict[GraphKey | tuple, Template] = OrderedDict()
 def lookup(key: GraphKey | tuple) -> Template | None:
   """The template of the graphs with this key, if one was scheduled (and not forgotten since)."""
   template = _templates.get(key)
-  if template is not None: _templates.move_to_end(key)
+  if template is not None: template.used = True
   return template
 
 
 def remember(key: GraphKey | tuple, nodes: list[LazyBuffer], items: list) -> Template:
   template = _templates[key] = Template(items, nodes)
-  if len(_templates) > MAX_SCHEDULES: _templates.popitem(last=False)
+  while len(_templates) > MAX_SCHEDULES:
+    # the oldest template goes unless it was used since it was last here: then it gets a second chance, at the end
+    oldest_key, oldest = next(iter(_templates.items()))
+    if oldest.used:
+      oldest.used = False
+      _templates.move_to_end(oldest_key)
+    else: del _templates[oldest_key]
   return template

@@ -23,7 +23,7 @@ from typing import Any, Callable, NamedTuple
 from tinychad.runtime.cache import cache_key, cached_bytes, memoize, stored_bytes
 from tinychad.runtime.threads import MIN_PARALLEL_WORK, run_parallel
 
-_address = operator.attrgetter("address")
+_pointer = operator.attrgetter("pointer")
 
 
 class Kernel(NamedTuple):
@@ -86,5 +86,8 @@ class Compiled:
     buffers must be allocated (a realized buffer, or one just allocated)."""
     if points >= MIN_PARALLEL_WORK or type(self).run is not Compiled.run:
       return lambda bufs: self.run(kernel, bufs, points)
-    fn, end = kernel.fn, max(kernel.parallel, 1)
-    return lambda bufs: fn(*map(_address, bufs), 0, end)
+    # the kernel's signature without argument types, called with ctypes objects (the buffers' pointers, the loop's
+    # bounds made once), which ctypes passes as they are: converting each int through the argument types costs
+    # about as much as the call itself
+    fn, start, end = ctypes.CFUNCTYPE(None)(kernel.address), ctypes.c_int64(0), ctypes.c_int64(max(kernel.parallel, 1))
+    return lambda bufs: fn(*map(_pointer, bufs), start, end)
