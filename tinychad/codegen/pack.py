@@ -39,7 +39,8 @@ PACK_MIN_STRIDE_BYTES = 4096
 PACK_MIN_REUSE = 16
 # a transposed operand's pack is a transposing copy, dearer: it pays off from this many rows (bench/README.md)
 TRANSPOSED_PACK_MIN_REUSE = 64
-# lines L1 holds (32 KiB of 64-byte lines): a column of A read over more reduce steps than this leaves L1 before the
+LINE_BYTES = 64                 # a cache line
+# lines L1 holds (32 KiB of LINE_BYTES): a column of A read over more reduce steps than this leaves L1 before the
 # next tile of rows reads it again
 COLUMN_PACK_MIN_STEPS = 512
 
@@ -98,7 +99,8 @@ def _panels(st: ShapeTracker, lane: int, reduce_axes: tuple[int, ...]) -> Panels
 def _lane_to_pack(load: KernelNode, reduce_axes: tuple[int, ...], full: tuple[int, ...], panel: int,
                   store: KernelNode, loads: list[KernelNode]) -> tuple[int, int] | None:
   """The lane axis (a multiple of `panel` long) along which `load` should be packed into panels and the
-  panels' width (`panel`; 1 for A read down its columns, the module docstring's third rule), or None. Packing needs one plain view that is reused (stride 0 along other output axes, for at least
+  panels' width (`panel`; 1 for A read down its columns, the module docstring's third rule), or None.
+  Packing needs one plain view that is reused (stride 0 along other output axes, for at least
   PACK_MIN_REUSE points, TRANSPOSED_PACK_MIN_REUSE for a transposed operand) and either
   steps far along a reduce axis while it runs along the lane axis (B in a matmul too big to stage in
   the kernel), or is transposed: it runs along a reduce axis and along no output axis (the weight of
@@ -115,9 +117,8 @@ def _lane_to_pack(load: KernelNode, reduce_axes: tuple[int, ...], full: tuple[in
   steps = prod(full[a] for a in reduce_axes)
   column = next((a for a in range(len(full)) if a not in reduce_axes and strides[a] == 1
                  and store.arg[1].views[-1].strides[a] not in (0, 1)), None)
-  if column is not None:
-    if steps < COLUMN_PACK_MIN_STEPS or reuse < TRANSPOSED_PACK_MIN_REUSE: return None
-    if not all(abs(strides[a]) * itemsize >= 64 for a in reduce_axes if full[a] > 1): return None
+  if column is not None and steps >= COLUMN_PACK_MIN_STEPS and reuse >= TRANSPOSED_PACK_MIN_REUSE and \
+      all(abs(strides[a]) * itemsize >= LINE_BYTES for a in reduce_axes if full[a] > 1):
     return column, 1
   if any(strides[a] == 1 for a in range(len(full)) if a not in reduce_axes):
     if not any(abs(strides[a]) * itemsize >= PACK_MIN_STRIDE_BYTES for a in reduce_axes): return None
