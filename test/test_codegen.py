@@ -12,6 +12,7 @@ from tinychad.codegen import linearize, UOps
 from tinychad.codegen.symbolic import Var, Num, Node
 from tinychad.dtype import dtypes
 from tinychad.engine.schedule import create_schedule
+from tinychad.host import simd_bytes
 from tinychad.lazy import LazyBuffer
 from tinychad.ops import OP_INFO, BinaryOps, ReduceOps, TernaryOps, UnaryOps, BufferOps, KernelNode
 from tinychad.renderer.cstyle import render_c, render_const
@@ -179,7 +180,9 @@ def test_float32_exp2_is_vectorizable_float64_keeps_libm(monkeypatch):
   (item,) = _items(x.e(UnaryOps.EXP2).e(UnaryOps.LOG2))
   source = render_c(linearize(item.ast, item.name))
   # SIMD values go through the vector polynomials, no libm function
-  assert "tc_exp2f_float32x16(" in source and "tc_log2f_float32x16(" in source and "exp2f(" not in source.replace("tc_exp2f", "")
+  vector = f"float32x{simd_bytes() // 4}"
+  assert f"tc_exp2f_{vector}(" in source and f"tc_log2f_{vector}(" in source
+  assert "exp2f(" not in source.replace("tc_exp2f", "")
   (item,) = _items(LazyBuffer.from_numpy(np.zeros(64, np.float64), "NUMPY").e(UnaryOps.EXP2))
   source = render_c(linearize(item.ast, item.name))
   assert "exp2(" in source and "tc_exp2f" not in source
@@ -199,7 +202,8 @@ def test_vector_math_matches_scalar_math_bit_for_bit(op, monkeypatch):
   def run(array):
     return Tensor(LazyBuffer.from_numpy(array, "CPU").e(op)).numpy()
   vector, scalar = run(values), run(values[:4095])
-  assert "float32x16" in render_c(linearize(_items(LazyBuffer.from_numpy(values, "NUMPY").e(op))[0].ast, "k"))
+  (item,) = _items(LazyBuffer.from_numpy(values, "NUMPY").e(op))
+  assert f"float32x{simd_bytes() // 4}" in render_c(linearize(item.ast, "k"))
   np.testing.assert_array_equal(vector[:4095].view(np.int32), scalar.view(np.int32))
 
 
@@ -272,10 +276,10 @@ def test_row_pass_reads_back_what_its_reduce_computed(case, noopt, set_noopt):
 
 
 def test_row_that_one_step_covers_needs_no_scratch_row(set_noopt):
-  """A row of 64 floats is four SIMD vectors: the reduce has no loop, and its pass reuses the exps
-  still in registers."""
+  """A row of four SIMD vectors (64 floats with AVX-512, 32 with AVX2): the reduce has no loop, and its pass
+  reuses the exps still in registers."""
   set_noopt("0")
-  item = Tensor(np.ones((32, 64), np.float32)).softmax(1).schedule()[-1]
+  item = Tensor(np.ones((32, 4 * simd_bytes() // 4), np.float32)).softmax(1).schedule()[-1]
   program = linearize(item.ast, item.name)
   assert not any(u.op is UOps.DEFINE_LOCAL for u in program.uops) and _exp_count(program) == 4
 
@@ -300,7 +304,6 @@ def test_big_outputs_are_written_with_streaming_stores(case, threads, monkeypatc
   streaming store in C, a !nontemporal store in LLVM IR), each call ends with a store fence, and the
   results are the NUMPY device's, on one thread and on two."""
   import importlib
-  from tinychad.host import simd_bytes
   linearize_module = importlib.import_module("tinychad.codegen.linearize")    # the package's `linearize` is the function
   set_noopt("0")
   monkeypatch.setenv("THREADS", threads)

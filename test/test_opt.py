@@ -19,6 +19,7 @@ from tinychad.codegen.opt import (REDUCE_UNROLL, STAGE_MAX_BYTES, TILE_ROWS, TRA
 from tinychad.dtype import dtypes
 from tinychad.codegen.pack import PACK_MIN_STRIDE_BYTES
 from tinychad.engine.schedule import create_schedule
+from tinychad.host import cpu_tuning, target_simd_bytes
 from tinychad.ops import BinaryOps, BufferOps
 from tinychad.runtime import threads
 from tinychad.renderer.cstyle import render_c
@@ -30,6 +31,13 @@ DEVICES = ["CPU", "LLVM"]
 # (threads, noopt): the optimized kernels on one and two threads, and plain loops
 MODES = [("1", "0"), ("2", "0"), ("2", "1")]
 rng = np.random.default_rng(0)
+
+
+@pytest.fixture
+def host_row():
+  """Kernels shaped by the tuning table's "host" row (AVX-512's 6 x 4 tile, whose sizes the tests name) also on
+  an AVX2 machine, whose own row test_avx2_row_is_three_rows_of_four checks."""
+  with target_simd_bytes(simd_bytes(), "host"): yield
 
 
 @pytest.fixture(params=MODES, ids=[f"threads{t}-noopt{n}" for t, n in MODES])
@@ -174,7 +182,7 @@ def test_matmul_gets_vector_and_tile(monkeypatch):
   assert "#pragma" not in render_c(program)
 
 
-def test_five_row_window_gets_a_five_row_tile(monkeypatch):
+def test_five_row_window_gets_a_five_row_tile(monkeypatch, host_row):
   # a 5x5 convolution's weight gradient (one input channel): outputs (ky, kx, cout), reduced over
   # (batch, positions); the gradient vector is the same for every (ky, kx), so a register tile along
   # ky shares it. None of 8, 6, 4, 3, 2 divides 5: without 5 in TILE_AMOUNTS there was no tile.
@@ -211,7 +219,7 @@ def _matmul_opts(m: int, k: int, n: int):
   return item, choose_opts(*opt_inputs(item.ast))
 
 
-def test_register_tile_shapes(monkeypatch):
+def test_register_tile_shapes(monkeypatch, host_row):
   """A long matmul's tile is 6 rows of 4 vectors, with a tail tile where 6 doesn't divide the rows;
   attention's q @ k^T (a reduce over 64) gets 4 rows of 4 vectors, and 2 vectors of lanes 8 rows."""
   from tinychad.codegen.opt import NARROW_ROW_VECTORS, ODD_ROW_TILES, SHORT_REDUCE, TILE_ROW_VECTORS, TILE_ROWS
@@ -266,7 +274,17 @@ def _kernels(out: Tensor) -> list:
   return [it for it in create_schedule([out.lazydata]) if it.is_kernel]
 
 
-def test_strided_operand_is_packed_into_panels(monkeypatch):
+def test_avx2_row_is_three_rows_of_four(monkeypatch):
+  """AVX2's 16 registers hold 3 rows of 4 vectors (12 accumulators), not the 6 x 4 of AVX-512's 32."""
+  monkeypatch.setenv("NOOPT", "0")
+  assert cpu_tuning(32) == "avx2" and cpu_tuning(64) == cpu_tuning(16) == "host"
+  with target_simd_bytes(32, "avx2"): _, opts = _matmul_opts(120, 256, 128)
+  axis, width = opts.vector
+  (row_axis,) = [d for d in opts.upcast if d != axis]
+  assert width == 8 and opts.upcast[axis] == 32 and opts.upcast[row_axis] == 3
+
+
+def test_strided_operand_is_packed_into_panels(monkeypatch, host_row):
   monkeypatch.setenv("NOOPT", "0")
   m, k, n, p = 32, STAGE_K + 16, PACK_MIN_STRIDE_BYTES // 4, panel_width(dtypes.float32)
   a, b = Tensor.rand(m, k, device="NUMPY").realize(), Tensor.rand(k, n, device="NUMPY").realize()
@@ -367,8 +385,9 @@ def test_shared_operand_is_staged(monkeypatch):
   with pytest.raises(ValueError, match="can't be staged"): linearize(item.ast, item.name, opts)
 
 
-@pytest.mark.parametrize("m,n,noopt", [(8, 256, "0"), (64, 64, "0"), (64, 256, "1")], ids=["few-rows", "one-panel", "noopt"])
-def test_operand_not_staged(monkeypatch, m, n, noopt):
+@pytest.mark.parametrize("m,n,noopt", [(8, 256, "0"), (64, panel_width(dtypes.float32), "0"), (64, 256, "1")],
+                         ids=["few-rows", "one-panel", "noopt"])
+def test_operand_not_staged(monkeypatch, host_row, m, n, noopt):
   # two tiles of rows don't repay the copy, a b exactly one panel wide is a panel already, NOOPT
   a, b = Tensor.rand(m, 96, device="NUMPY").realize(), Tensor.rand(96, n, device="NUMPY").realize()
   assert not any(u.op is UOps.DEFINE_LOCAL for u in _staged_program(monkeypatch, a, b, noopt).uops)

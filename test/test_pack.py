@@ -2,12 +2,15 @@
 
 in: the unpacked kernel trees of matmuls (scheduled with NOOPT=1, which packs nothing)
 out: pass when pack_plan picks exactly the operands the rules name (a strided B too big to stage, a
-     transposed weight read by enough rows) with their lane axis, and split_lanes hands each load its
+     transposed weight read by enough rows, A read down its columns over enough reduce steps) with their
+     lane axis and panel width, the packed y.T @ x equals numpy's, and split_lanes hands each load its
      view over the split shape and, for a packed one, panels in (panel, reduce, lane) order.
 """
 from tinychad import Tensor
 from tinychad.codegen.opt import STAGE_MAX_BYTES, panel_width
-from tinychad.codegen.pack import PACK_MIN_STRIDE_BYTES, TRANSPOSED_PACK_MIN_REUSE, pack_plan, split_lanes
+import numpy as np
+from tinychad.codegen.pack import (COLUMN_PACK_MIN_STEPS, PACK_MIN_STRIDE_BYTES, TRANSPOSED_PACK_MIN_REUSE, pack_plan,
+                                 split_lanes)
 from tinychad.dtype import dtypes
 from tinychad.engine.schedule import create_schedule
 from tinychad.ops import BufferOps, KernelNode
@@ -22,7 +25,7 @@ def _unpacked_kernel(out: Tensor, monkeypatch) -> tuple[KernelNode, tuple]:
 
 
 def _planned(ast: KernelNode, inputs: tuple) -> dict:
-  """{input buffer: lane axis} of the loads pack_plan picks."""
+  """{input buffer: (lane axis, panel width)} of the loads pack_plan picks."""
   return {inputs[load.arg[0] - 1]: lane for load, lane in pack_plan(ast).items()}
 
 
@@ -31,7 +34,7 @@ def test_strided_operand_too_big_to_stage_is_packed(monkeypatch):
   a, b = Tensor.rand(m, k).realize(), Tensor.rand(k, n).realize()
   ast, inputs = _unpacked_kernel(a @ b, monkeypatch)
   # the matmul runs over (m, n, k) as (m, 1, k) x (1, k, n) viewed: the lane axis is n's
-  assert _planned(ast, inputs) == {b.lazydata.base: 1}
+  assert _planned(ast, inputs) == {b.lazydata.base: (1, P)}
   # small enough to stage in the kernel: nothing to pack
   small = Tensor.rand(64, n).realize()
   assert _planned(*_unpacked_kernel(a[:, :64] @ small, monkeypatch)) == {}
@@ -41,8 +44,20 @@ def test_transposed_operand_is_packed_from_enough_rows(monkeypatch):
   k, n = 64, 2 * P
   w = Tensor.rand(n, k).realize()
   many, few = Tensor.rand(TRANSPOSED_PACK_MIN_REUSE, k).realize(), Tensor.rand(TRANSPOSED_PACK_MIN_REUSE // 2, k).realize()
-  assert _planned(*_unpacked_kernel(many @ w.T, monkeypatch)) == {w.lazydata.base: 1}
+  assert _planned(*_unpacked_kernel(many @ w.T, monkeypatch)) == {w.lazydata.base: (1, P)}
   assert _planned(*_unpacked_kernel(few @ w.T, monkeypatch)) == {}
+
+
+def test_column_read_operand_is_transposed(monkeypatch):
+  # y.T @ x, a weight's gradient: y is read down its columns, one new line per reduce step
+  k, m, n = COLUMN_PACK_MIN_STEPS, TRANSPOSED_PACK_MIN_REUSE, 2 * P
+  y, x = Tensor.rand(k, m).realize(), Tensor.rand(k, n).realize()
+  assert _planned(*_unpacked_kernel(y.T @ x, monkeypatch)) == {y.lazydata.base: (0, 1)}   # its lane: m's axis
+  # fewer reduce steps stay in L1; fewer columns of x don't repay the transpose
+  assert _planned(*_unpacked_kernel(y[:k // 2].T @ x[:k // 2], monkeypatch)) == {}
+  assert _planned(*_unpacked_kernel(y.T @ x[:, :TRANSPOSED_PACK_MIN_REUSE // 2], monkeypatch)) == {}
+  monkeypatch.setenv("NOOPT", "0")
+  np.testing.assert_allclose((y.T @ x).numpy(), y.numpy().T @ x.numpy(), rtol=1e-5, atol=1e-4)
 
 
 def test_split_lanes_hands_each_load_its_split_view(monkeypatch):

@@ -21,7 +21,13 @@ def simd_bytes() -> int:
 
 def target_tuning() -> str:
   """The row of the kernel tuning table (codegen/opt.py's TUNING) for the machine kernels are made for."""
-  return _targets[-1][1] if _targets else "host"
+  return _targets[-1][1] if _targets else cpu_tuning(host_simd_bytes())
+
+
+def cpu_tuning(nbytes: int) -> str:
+  """The tuning row of a CPU with `nbytes`-byte SIMD registers: AVX2 has 16 of them, half of what AVX-512
+  and NEON have, so its register tile is smaller ("avx2"); the others take "host"."""
+  return "avx2" if nbytes == 32 else "host"
 
 
 @contextlib.contextmanager

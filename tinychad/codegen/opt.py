@@ -21,8 +21,9 @@ The heuristics, in order (every choice divides its axis, except a register tile'
     TILE_ROW_VECTORS vectors (6x64 floats with AVX-512), 4 rows for a reduce of at most SHORT_REDUCE
     elements; where 4 vectors don't divide the vector axis, 5x5, 8x3 or 3x7 (ODD_ROW_TILES), else 8
     rows of NARROW_ROW_VECTORS;
-    these sizes are the host's row of the tuning table (TUNING); an export for another machine picks
-    its own row (host.target_tuning(): WebAssembly's, whose engine has fewer vector registers);
+    these sizes are the AVX-512 host's row of the tuning table (TUNING); an AVX2 host (half the vector
+    registers) and an export for another machine pick their own row (host.target_tuning(): WebAssembly's,
+    whose engine has fewer vector registers);
   - tail: a tile's rows need not divide their axis. The loop runs the whole tiles, then one tile of
     the leftover rows follows it (codegen/linearize.py). Only one axis, never the vector axis, and
     only inside another loop (`tails_are_valid`): the outermost loop is the one threads split;
@@ -117,8 +118,12 @@ class Tuning:
 # the host's 6 x 4 spilled its accumulators at every multiply-add. 4 x 2 ran ResNet-18 13% faster than
 # 2 x 4 (the MNIST CNN the same). Unrolling the reduce loop let clang interleave the copies' loads ahead
 # of their use, which spilled again even with 2 x 4 (measurements: bench/README.md, "Export").
+# "avx2": a CPU with AVX2 but not AVX-512 (16 ymm registers): the host's 6 x 4 spilled its 24 accumulators at every
+# multiply-add. 3 x 4 (12 accumulators; the compiler folds the row vectors' loads into the multiply-adds) ran the
+# GPT's matmuls at 2x the speed of 6 x 4 and of 6 x 2, and keeps the packed panels' width (bench/README.md).
 TUNING = {
   "host": Tuning(TILE_ROWS, TILE_ROW_VECTORS, ODD_ROW_TILES, NARROW_ROW_VECTORS, MAX_TILE_ACCUMULATORS, REDUCE_UNROLL),
+  "avx2": Tuning(3, TILE_ROW_VECTORS, {5: 2, 3: 4, 7: 1}, NARROW_ROW_VECTORS, 8, REDUCE_UNROLL),
   "wasm": Tuning(4, 2, {5: 1, 3: 2}, 2, 8, 1),
 }
 

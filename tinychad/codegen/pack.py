@@ -1,7 +1,7 @@
 """Layout packing: which operands of a reduce kernel are read from panels, and the kernel that reads them.
 
 in: a kernel tree with one reduce (STORE root)
-out: pack_plan(ast) = {LOAD node: lane axis} for each load to read from panels (none under NOOPT=1: the
+out: pack_plan(ast) = {LOAD node: (lane axis, P)} for each load to read from panels (none under NOOPT=1: the
      scheduler doesn't ask); split_lanes(ast, plan, relink) = the kernel over the shape with each of those
      lane axes split into (panels, P), each LOAD handed to `relink` with its view over that shape and,
      for a packed one, the Panels to read instead. Making the panel buffers (a kernel of movement ops +
@@ -17,7 +17,13 @@ The rule (codegen/opt.py's staging handles what fits in a kernel):
     (opt.py's `stage`), which costs no pass over memory and no kernel launch;
   - a transposed operand (w.T in x @ w.T: contiguous along the reduce, along no output axis) read by
     TRANSPOSED_PACK_MIN_REUSE rows or more is packed into panels whatever its size, so the kernel gets
-    SIMD lanes along its output columns instead of dot products along the reduce.
+    SIMD lanes along its output columns instead of dot products along the reduce;
+  - A read down its columns (y.T in y.T @ x, a weight's gradient: contiguous along an output axis the
+    store doesn't write in order, so it runs along the register tile's rows) for more reduce steps than L1
+    holds lines, TRANSPOSED_PACK_MIN_REUSE times or more: each reduce step reads a few floats of a new
+    line (of a new page, all in one L1 set, for a row of 1024 floats), and the next tile of rows reads
+    the same lines again from L2. Its panels are 1 wide (P = 1): the transpose, y.T row-major, which the
+    tile reads as the rows of a plain matmul.
 """
 from __future__ import annotations
 from typing import Callable, NamedTuple
@@ -33,6 +39,10 @@ PACK_MIN_STRIDE_BYTES = 4096
 PACK_MIN_REUSE = 16
 # a transposed operand's pack is a transposing copy, dearer: it pays off from this many rows (bench/README.md)
 TRANSPOSED_PACK_MIN_REUSE = 64
+LINE_BYTES = 64                 # a cache line
+# lines L1 holds (32 KiB of LINE_BYTES): a column of A read over more reduce steps than this leaves L1 before the
+# next tile of rows reads it again
+COLUMN_PACK_MIN_STEPS = 512
 
 
 class Panels(NamedTuple):
@@ -43,24 +53,24 @@ class Panels(NamedTuple):
   view: ShapeTracker
 
 
-def pack_plan(ast: KernelNode) -> dict[KernelNode, int]:
-  """The loads of `ast`'s reduce to read from panels, each with its lane axis (in ast's shape)."""
+def pack_plan(ast: KernelNode) -> dict[KernelNode, tuple[int, int]]:
+  """The loads of `ast`'s reduce to read from panels, each with its lane axis (in ast's shape) and panel width."""
   reduce = next(n for n in ast.walk() if isinstance(n.op, ReduceOps))
   axes, full = reduce.arg
   loads = [n for n in ast.walk() if n.op is BufferOps.LOAD]
-  return {n: lane for n in reduce.walk() if n.op is BufferOps.LOAD
-          if (lane := _lane_to_pack(n, axes, full, panel_width(n.dtype), ast, loads)) is not None}
+  return {n: split for n in reduce.walk() if n.op is BufferOps.LOAD
+          if (split := _lane_to_pack(n, axes, full, panel_width(n.dtype), ast, loads)) is not None}
 
 
-def split_lanes(ast: KernelNode, plan: dict[KernelNode, int],
+def split_lanes(ast: KernelNode, plan: dict[KernelNode, tuple[int, int]],
                 relink: Callable[[KernelNode, ShapeTracker, Panels | None], KernelNode]) -> KernelNode:
   """`ast` over the shape with every lane axis of `plan` split into (panels, P); each LOAD becomes
   relink(load, its view over that shape, its Panels or None), called in the order the tree's loads
   first appear (sources first), so the relinked loads can renumber the kernel's inputs."""
-  splits = {lane: panel_width(n.dtype) for n, lane in plan.items()}
+  splits = dict(plan.values())
   axes, full = next(n for n in ast.walk() if isinstance(n.op, ReduceOps)).arg
   reduce_axes = tuple(_split_axis(a, splits) for a in axes)
-  packed = {n: _split_axis(lane, splits) for n, lane in plan.items()}
+  packed = {n: _split_axis(lane, splits) for n, (lane, _) in plan.items()}
 
   def split(node: KernelNode, srcs: tuple[KernelNode, ...]) -> KernelNode:
     if node.op in (BufferOps.LOAD, BufferOps.CONST, BufferOps.STORE):
@@ -87,9 +97,10 @@ def _panels(st: ShapeTracker, lane: int, reduce_axes: tuple[int, ...]) -> Panels
 
 
 def _lane_to_pack(load: KernelNode, reduce_axes: tuple[int, ...], full: tuple[int, ...], panel: int,
-                  store: KernelNode, loads: list[KernelNode]) -> int | None:
-  """The lane axis (a multiple of `panel` long) along which `load` should be packed into panels, or
-  None. Packing needs one plain view that is reused (stride 0 along other output axes, for at least
+                  store: KernelNode, loads: list[KernelNode]) -> tuple[int, int] | None:
+  """The lane axis (a multiple of `panel` long) along which `load` should be packed into panels and the
+  panels' width (`panel`; 1 for A read down its columns, the module docstring's third rule), or None.
+  Packing needs one plain view that is reused (stride 0 along other output axes, for at least
   PACK_MIN_REUSE points, TRANSPOSED_PACK_MIN_REUSE for a transposed operand) and either
   steps far along a reduce axis while it runs along the lane axis (B in a matmul too big to stage in
   the kernel), or is transposed: it runs along a reduce axis and along no output axis (the weight of
@@ -103,16 +114,24 @@ def _lane_to_pack(load: KernelNode, reduce_axes: tuple[int, ...], full: tuple[in
   reuse = prod(s for a, s in enumerate(full) if a not in reduce_axes and strides[a] == 0)
   if reuse < PACK_MIN_REUSE: return None
   lanes = [a for a, s in enumerate(full) if a not in reduce_axes and s % panel == 0]
+  steps = prod(full[a] for a in reduce_axes)
+  column = next((a for a in range(len(full)) if a not in reduce_axes and strides[a] == 1
+                 and store.arg[1].views[-1].strides[a] not in (0, 1)), None)
+  if column is not None and steps >= COLUMN_PACK_MIN_STEPS and reuse >= TRANSPOSED_PACK_MIN_REUSE and \
+      all(abs(strides[a]) * itemsize >= LINE_BYTES for a in reduce_axes if full[a] > 1):
+    return column, 1
   if any(strides[a] == 1 for a in range(len(full)) if a not in reduce_axes):
     if not any(abs(strides[a]) * itemsize >= PACK_MIN_STRIDE_BYTES for a in reduce_axes): return None
-    if prod(full[a] for a in reduce_axes) * panel * itemsize <= STAGE_MAX_BYTES: return None   # staged in the kernel
-    return next((a for a in lanes if strides[a] == 1), None)
+    if steps * panel * itemsize <= STAGE_MAX_BYTES: return None   # staged in the kernel
+    lane = next((a for a in lanes if strides[a] == 1), None)
+    return None if lane is None else (lane, panel)
   if reuse < TRANSPOSED_PACK_MIN_REUSE or not any(strides[a] == 1 for a in reduce_axes): return None
   def lanes_fit(a: int) -> bool:
     """The store writes consecutive elements along a, and every other load one or consecutive ones."""
     if store.arg[1].views[-1].strides[a] != 1: return False
     return all(len(n.arg[1].views) == 1 and n.arg[1].views[0].strides[a] in (0, 1) for n in loads if n is not load)
-  return next((a for a in lanes if strides[a] != 0 and lanes_fit(a)), None)
+  lane = next((a for a in lanes if strides[a] != 0 and lanes_fit(a)), None)
+  return None if lane is None else (lane, panel)
 
 
 def _split_axis(axis: int, splits: dict[int, int]) -> int:

@@ -27,7 +27,7 @@ from tinychad.export.plan import Plan, capture_plan
 from tinychad.export import c as c_target
 from tinychad.export.libm import FREESTANDING_MATH
 from tinychad.helpers import atomic_write
-from tinychad.host import host_simd_bytes
+from tinychad.host import cpu_tuning, host_simd_bytes
 
 TARGETS = ("c", "llvm", "wasm")
 WEIGHTS = ("embed", "safetensors")
@@ -51,7 +51,7 @@ def export(fn: Callable, example_inputs: Sequence, target: str = "c", out_dir: s
   simd = 16 if target == "wasm" else simd_bytes or host_simd_bytes()
   # WebAssembly's engines want smaller register tiles than a CPU of the same width (codegen/opt.py's TUNING)
   plan = capture_plan(fn, example_inputs, name, simd, names.get("inputs"), names.get("outputs"),
-                      "wasm" if target == "wasm" else "host")
+                      "wasm" if target == "wasm" else cpu_tuning(simd))
   out = Path(out_dir)
   out.mkdir(parents=True, exist_ok=True)
   files: dict[str, bytes] = {}
