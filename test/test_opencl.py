@@ -195,8 +195,8 @@ def test_device_memory_errors():
 
 
 @functools.lru_cache(maxsize=None)
-def _cuda_sources() -> tuple[tuple[str, str], ...]:
-  """(name, CUDA source) of every kernel of: a sample of ops over every dtype, a conv net's training step with
+def _sample_kernels() -> tuple:
+  """The ScheduleItem of every kernel of: a sample of ops over every dtype, a conv net's training step with
   Adam (bench/cnn_train.py's), and bench/gpt.py's GPT forward and a training step of it. They run on NUMPY
   (fast to run, nothing to compile) and every kernel run is captured."""
   sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -233,10 +233,27 @@ def _cuda_sources() -> tuple[tuple[str, str], ...]:
       for out in outs: out.realize()
   finally:
     Device.DEFAULT = previous
-  items = {(item.ast, item.name): item for item, _ in steps if item is not None and item.is_kernel}
+  return tuple({(item.ast, item.name): item for item, _ in steps if item is not None and item.is_kernel}.values())
+
+
+def _cuda_sources() -> tuple[tuple[str, str], ...]:
+  """(name, CUDA source) of every kernel of _sample_kernels()."""
   # a CUDA GPU's shared memory is its own: matmul-shaped kernels are tiled through it (codegen/localtile.py)
   return tuple((item.name, render_gpu_library([lower_gpu(item, local_memory=True)], [item.name], "CUDA"))
-               for item in items.values())
+               for item in _sample_kernels())
+
+
+@needs_opencl
+@pytest.mark.parametrize("local_memory", [False, True])
+def test_pocl_builds_with_declared_builtins(local_memory):
+  """On PoCL a program declares the builtins it calls instead of parsing the whole builtin header
+  (runtime/ops_opencl.py, a fifth of the build): every kernel of the sample builds so, in one program."""
+  device = Device["OPENCL"]
+  if not device.declares_builtins: pytest.skip(f"{device.device.platform.name} builds with its builtin header")
+  items = _sample_kernels()
+  assert len(items) > 80
+  symbols = [f"{item.name}_{i}" for i, item in enumerate(items)]
+  device.build_declared(render_gpu_library([lower_gpu(item, local_memory) for item in items], symbols))
 
 
 @needs_nvrtc

@@ -8,8 +8,8 @@ For each kernel whose program its device hasn't loaded yet:
   runtime/cache.py keeps its binaries on disk) -> load (the device's loader),
 and a kernel record (the kernel tree -> the binary and the symbol in it) is written, so that a new
 process loads the kernel without lowering or rendering it. All the schedule's new kernels are built
-before the first of them runs: a device with `batch` puts several in one binary, one binary per core,
-compiled at once (separate compiler processes); the others compile one after another. Then each
+before the first of them runs: a device with `batch` puts several in one binary, one binary per core
+(its `parallel_builds`), compiled at once (separate compiler processes); the others compile one after another. Then each
 kernel runs (the device's `run`), timed alone: GlobalCounters.time_sum_s and DEBUG=2 count run time
 only, and DEBUG=2 shows a kernel's compile time beside it when it was compiled in this realize.
 GRAPH=1 and PORT=1 write the graphs and the standalone C program of each realize (viz.py, export/program.py)
@@ -281,7 +281,7 @@ def build(items: list[ScheduleItem]) -> dict[tuple, float]:
   seconds: dict[tuple, float] = {}
   for device, members in new.items():
     if device.batch and len(members) > 1:
-      binaries = _balanced_parts(list(members.values()), os.cpu_count() or 1)
+      binaries = _balanced_parts(list(members.values()), device.parallel_builds)
       with ThreadPoolExecutor(max_workers=len(binaries)) as pool:
         built = [b for group in pool.map(lambda group: _compile(device, group, debug), binaries) for b in group]
     else:

@@ -6,6 +6,8 @@ in: a device's declaration (a subclass of Compiled, see ops_cpu.py and ops_llvm.
                                               function under its symbol (renderer/)
       batch                                   True: one binary may hold several kernels, and several
                                               binaries build at once (separate compiler processes)
+      parallel_builds                         how many binaries a schedule's new kernels are cut into, built at
+                                              once (one per core unless the compiler builds one at a time)
       suffix                                  the binary's file suffix in the kernel cache
       identity(source="", contract=False)     the compiler and its flags (or the target CPU): with the
                                               source, what decides the binary's bytes
@@ -19,6 +21,7 @@ engine/realize.py drives the steps (lower, render, compile, load, run) and fills
 from __future__ import annotations
 import ctypes
 import operator
+import os
 from typing import Any, Callable, NamedTuple
 from tinychad.runtime.cache import cache_key, cached_bytes, memoize, stored_bytes
 from tinychad.runtime.threads import MIN_PARALLEL_WORK, run_parallel
@@ -40,6 +43,7 @@ def kernel_function(address: int, buffers: int):
 
 class Compiled:
   batch = False
+  parallel_builds = os.cpu_count() or 1
   suffix = ""
 
   def __init__(self, name: str):

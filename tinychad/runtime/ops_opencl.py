@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 import numpy as np
 from tinychad.renderer.gpu import render_gpu_library
+from tinychad.renderer.opencl_builtins import BUILTIN_DECLARATIONS
 from tinychad.runtime.cache import cache_key, cached_bytes, memoize, stored_bytes
 from tinychad.runtime.compiled import Compiled
 
@@ -100,6 +101,12 @@ class OpenCLDevice(Compiled):
     # there ran 2-5x slower than the register tile alone, bench/README.md "OPENCL")
     self.dedicated_local_memory = self.device.local_mem_type == cl.device_local_mem_type.LOCAL
     self.local_memory = self.dedicated_local_memory      # what the lowering uses (bench/opencl.py may force it)
+    pocl = self.device.platform.name == "Portable Computing Language"
+    # PoCL has clang parse its whole builtin header (opencl-c.h, 18,000 lines) for every program, ~80% of
+    # building a small one: there a program declares the builtins it calls itself and skips that header
+    self.declares_builtins = pocl
+    # PoCL builds one program at a time (its compiler is locked per context): a schedule's kernels in one program
+    if pocl: self.parallel_builds = 1
 
   @staticmethod
   def available() -> bool: return _first_device() is not None
@@ -113,13 +120,24 @@ class OpenCLDevice(Compiled):
     platform = self.device.platform
     # the lowering's choice too: kernel records made with work-group memory tiles name other sources
     device = self.device
-    return f"{platform.name} {platform.version} {device.name} {device.driver_version} local={self.local_memory}"
+    return f"{platform.name} {platform.version} {device.name} {device.driver_version} local={self.local_memory}" \
+      f" declared={self.declares_builtins}"
 
   def build_program(self, source: str, name: str):
+    if self.declares_builtins:
+      try:
+        return self.build_declared(source)
+      except cl.Error:      # a PoCL whose headers are laid out otherwise: the whole header, as on any platform
+        pass
     try:
       return cl.Program(self.context, source).build()
     except cl.Error as error:
       raise RuntimeError(f"OPENCL: kernel {name} doesn't build:\n{error}\n{source}") from None
+
+  def build_declared(self, source: str):
+    """`source` built with BUILTIN_DECLARATIONS in place of the builtin header: PoCL's _clang_opencl.h includes
+    opencl-c.h only where _OPENCL_H_, that header's include guard, is undefined. Raises cl.Error."""
+    return cl.Program(self.context, BUILTIN_DECLARATIONS + source).build(options=["-D_OPENCL_H_"])
 
   # The kernel cache keeps a program's source the first time this machine builds it, and its binary
   # (clGetProgramInfo(CL_PROGRAM_BINARIES)) the second time, from then on loaded with
