@@ -18,8 +18,8 @@ if "TINYCHAD_DATA" not in os.environ and _SHARED_MNIST.exists():
 
 # OPENCL joins wherever a platform is installed (TEST_OPENCL=0 leaves it out): on PoCL each new program costs
 # ~0.05 s CPU to build (its builtins declared, not PoCL's whole header parsed) and each kernel ~0.12 s more at its
-# first launch; cold, its ~1,900 tests took 1,351 s CPU on a loaded 2-core machine, 0.34-0.42x what the same tests
-# took before those builds (bench/README.md, "OPENCL": the whole part cold, before and after).
+# first launch; cold, its ~1,900 tests took 1,351 s CPU on a loaded 2-core machine, where they took 2,657 s before
+# (bench/README.md, "OPENCL": the whole part cold, before and after).
 # CUDA joins wherever a GPU, its driver and NVRTC are there (never on CI: test/test_cuda.py says why not)
 OPENCL_DEVICES = ["OPENCL"] if os.getenv("TEST_OPENCL", "1") != "0" and Device.available("OPENCL") else []
 ALL_DEVICES = [name for name in ("NUMPY", "CPU", "LLVM") if Device.available(name)] + OPENCL_DEVICES + \
