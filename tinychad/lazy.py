@@ -88,7 +88,7 @@ class LazyBuffer:
     # 0.0 and -0.0 are equal keys, NaN equals nothing: those are made anew, as is any value but a Python scalar
     if type(value) not in _SCALARS or value != value or value == 0: return LazyBuffer.full(value, shape, dtype, device)
     made = _operands.get(key)
-    if made is None or (made if made._base is None else made._base).realized is not None:
+    if made is None or made.base.realized is not None:
       made = _operands[key] = LazyBuffer.full(value, shape, dtype, device)
       if len(_operands) > MAX_OPERANDS: _operands.clear()
     return made
