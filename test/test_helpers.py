@@ -1,8 +1,12 @@
-"""helpers.py: the atomic file write every saved file goes through, permutation inversion, environment flags."""
+"""helpers.py: the atomic file write every saved file goes through, permutation inversion, environment flags, the
+garbage collector's threshold."""
+import gc
 import os
+import subprocess
+import sys
 import itertools
 import pytest
-from tinychad.helpers import atomic_open, atomic_write, getenv, inverse_permutation
+from tinychad.helpers import GC_THRESHOLD, PYTHON_GC_THRESHOLD, atomic_open, atomic_write, getenv, inverse_permutation
 
 
 def test_atomic_write_replaces_whole_file(tmp_path):
@@ -60,3 +64,36 @@ def test_getenv_sees_every_change_to_the_environment(monkeypatch):
   assert getenv("TINYCHAD_TEST_FLAG", "") == "caf\u00e9" == os.getenv("TINYCHAD_TEST_FLAG")
   monkeypatch.delenv("TINYCHAD_TEST_FLAG")
   assert getenv("TINYCHAD_TEST_FLAG", 5) == 5
+
+
+def _threshold_after_import(before: str = "", env: dict | None = None) -> int:
+  code = f"import gc\n{before}\nimport tinychad\nprint(gc.get_threshold()[0])"
+  environ = {k: v for k, v in os.environ.items() if k != "GC_THRESHOLD"} | (env or {})
+  return int(subprocess.run([sys.executable, "-c", code], env=environ, capture_output=True, text=True, check=True).stdout)
+
+
+def test_import_relaxes_the_default_gc_threshold_only():
+  # Python's default becomes tinychad's; GC_THRESHOLD chooses another; a program's own threshold stays
+  assert _threshold_after_import() == GC_THRESHOLD != PYTHON_GC_THRESHOLD
+  assert _threshold_after_import(env={"GC_THRESHOLD": "700"}) == 700
+  assert _threshold_after_import("gc.set_threshold(1234)") == 1234
+
+
+def test_an_eager_training_step_makes_no_cyclic_garbage():
+  # relax_gc's premise: a step's objects die by reference counting, so collecting less often frees nothing later
+  from tinychad import Tensor, nn
+  from tinychad.nn.optim import SGD
+  model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+  opt = SGD(model.parameters(), lr=0.1, momentum=0.9)
+  x, y = Tensor.randn(5, 8), Tensor([0, 1, 2, 3, 0])
+
+  def step():
+    opt.zero_grad()
+    loss = model(x).cross_entropy(y)
+    loss.backward()
+    opt.step()
+    return loss.item()
+  step()
+  gc.collect()
+  for _ in range(3): step()
+  assert gc.collect() == 0

@@ -27,14 +27,17 @@ knowing only what is below it. test/test_layers.py holds the same order and enfo
     examples/*,
     distributed/*, __init__
 """
+from tinychad.helpers import GlobalCounters, relax_gc
 from tinychad.tensor import Tensor, no_grad
 from tinychad.dtype import dtypes, DType
 from tinychad.device import Device, empty_cache, max_memory_allocated, memory_allocated, memory_pooled, memory_reserved, reset_peak_memory_stats
-from tinychad.helpers import GlobalCounters
 from tinychad.engine.jit import TinyJit
 from tinychad import export  # noqa: F401 -- tinychad.export(fn, inputs, target=...): export/__init__.py
 from tinychad import compat  # noqa: F401 -- installs the seed's names (see compat.py)
 from tinychad.nn import optim  # noqa: F401 -- the seed's `tinychad.optim` (see compat.py)
+
+# an eager step records thousands of short-lived objects: collect cycles less often (helpers.relax_gc says why)
+relax_gc()
 
 __all__ = ["Tensor", "no_grad", "dtypes", "DType", "Device", "GlobalCounters", "TinyJit", "memory_allocated", "max_memory_allocated",
            "reset_peak_memory_stats", "memory_pooled", "memory_reserved", "empty_cache"]

@@ -1,7 +1,8 @@
 """Small shared helpers: environment flags, counters, argument normalisation, permutations, graph order,
-atomic file writes."""
+atomic file writes, the garbage collector's threshold."""
 from __future__ import annotations
 import contextlib
+import gc
 import math
 import os
 import tempfile
@@ -37,6 +38,24 @@ def any_flag(*keys: str) -> bool:
 
 
 def DEBUG() -> int: return getenv("DEBUG", 0)
+
+
+# Python's own first-generation threshold, and the one tinychad sets in its place (bench/README.md, "Garbage
+# collection"): an eager step keeps ~6,000-30,000 of its objects alive until its backward pass is done
+PYTHON_GC_THRESHOLD, GC_THRESHOLD = 700, 50_000
+
+
+def relax_gc() -> None:
+  """Let Python's cycle collector wait for GC_THRESHOLD new live objects instead of 700. tinychad records
+  several objects per op (Tensor, Function, LazyBuffer, tuples), none in a reference cycle, so they die by
+  reference counting; at 700 the collector scans each step's graph over and over while it is still alive,
+  and promotes it to the oldest generation, whose full collections walk every object in the process (every
+  few steps, tens of ms). The environment's GC_THRESHOLD sets another value (700 is Python's, 0 turns
+  automatic collection off); a threshold the program set itself before importing tinychad is left alone."""
+  threshold, *older = gc.get_threshold()
+  wanted = os.environ.get("GC_THRESHOLD")
+  if wanted is not None: gc.set_threshold(int(wanted), *older)
+  elif threshold == PYTHON_GC_THRESHOLD: gc.set_threshold(GC_THRESHOLD, *older)
 
 
 prod = math.prod   # not wrapped in a def: it runs for every LazyBuffer made
