@@ -27,14 +27,17 @@ def getenv(key: str, default=0):
   return type(default)(value) if not isinstance(default, bool) else value not in ("0", "", "false", "False")
 
 
+_ENCODED_KEYS: dict[tuple[str, ...], tuple[bytes, ...]] = {}
+
+
 def any_flag(*keys: str) -> bool:
   """Whether any of these integer flags is nonzero (getenv(key, 0) of each), in one call: realize asks for three
-  on every op."""
+  on every op. None of them set (the usual case) is one set operation on the environment's keys."""
   if _ENVIRON_BYTES is None: return any(getenv(key, 0) for key in keys)
-  for key in keys:
-    value = _ENVIRON_BYTES.get(key.encode())
-    if value is not None and int(value): return True
-  return False
+  encoded = _ENCODED_KEYS.get(keys)
+  if encoded is None: encoded = _ENCODED_KEYS[keys] = tuple(key.encode() for key in keys)
+  if _ENVIRON_BYTES.keys().isdisjoint(encoded): return False
+  return any(int(_ENVIRON_BYTES.get(key, b"0")) for key in encoded)
 
 
 def DEBUG() -> int: return getenv("DEBUG", 0)

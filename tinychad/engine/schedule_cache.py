@@ -73,8 +73,17 @@ def _one_op_graph(out: LazyBuffer) -> tuple[list[tuple], list[LazyBuffer]] | Non
   computed buffer, a constant), in one pass instead of the generic walk: the same entries and nodes in the same
   order (test_schedule_cache checks it); None for any other graph."""
   if out._base is not None or out.realized is not None: return None
+  srcs, arg = out.srcs, out.arg
+  tail = (out.op, arg if arg is None else _arg_key(arg), out.dtype, out.device, out.shape)
+  # the commonest of them, an op reading one or two different computed buffers whole (a.exp(), a + b), in a
+  # few lines: the walk below costs a third of an eager op's realize
+  first, last = (srcs[0], srcs[-1]) if srcs else (out, out)
+  if first._base is None and last._base is None and first.realized is not None and last.realized is not None:
+    if len(srcs) == 1: return [(first.device, first.dtype, first.shape), tail + ((0,),)], [first, out]
+    if len(srcs) == 2 and first is not last:
+      return [(first.device, first.dtype, first.shape), (last.device, last.dtype, last.shape), tail + ((0, 1),)], [first, last, out]
   nodes, entries, position = [], [], {}
-  for src in out.srcs:
+  for src in srcs:
     if src in position: continue
     base = src._base
     leaf = src if base is None else base
@@ -88,8 +97,7 @@ def _one_op_graph(out: LazyBuffer) -> tuple[list[tuple], list[LazyBuffer]] | Non
       entries.append((src.st, position[base]))
       position[src] = len(nodes)
       nodes.append(src)
-  arg, srcs = out.arg, tuple(map(position.__getitem__, out.srcs))
-  entries.append((out.op, arg if arg is None else _arg_key(arg), out.dtype, out.device, out.shape, srcs))
+  entries.append(tail + (tuple(map(position.__getitem__, srcs)),))
   nodes.append(out)
   return entries, nodes
 
