@@ -51,13 +51,34 @@ def test_small_and_special_values():
   helper_test_op([np.arange(-3, 3)], torch.isfinite, Tensor.isfinite, grad=False)
 
 
-def test_erf_is_correctly_rounded():
-  # every float32 result equals the exact erf rounded to float32 (math.erf, float64, is within 1 ulp of float64)
-  x = np.concatenate([np.linspace(-7, 7, 20001), np.geomspace(1e-30, 1, 200)]).astype(np.float32)
-  exact = np.array([math.erf(float(v)) for v in x]).astype(np.float32)
-  np.testing.assert_array_equal(Tensor(x).erf().numpy(), exact)
-  np.testing.assert_array_equal(Tensor([math.inf, -math.inf]).erf().numpy(), [1, -1])
+def test_erf_float32_is_within_one_ulp():
+  # float32's three series (|x| up to 0.75, up to 1.5, beyond) on a grid dense enough to see a fit 1.1 ulp off
+  # (one degree short), both sides of each bound, the clip at 4, tiny values down to denormals, huge ones
+  bounds = np.float32([0.75, 1.125, 1.5, 2.5, 4.0])
+  near = np.concatenate([bounds, np.nextafter(bounds, np.float32(0)), np.nextafter(bounds, np.float32(9))])
+  x = np.concatenate([np.linspace(0, 4.5, 500001), np.geomspace(1e-45, 1e-3, 300), near, [7, 1e30, 3e38]]).astype(np.float32)
+  got = Tensor(x).erf().numpy()
+  assert got.dtype == np.float32
+  # |got - erf(x)| in ulps of erf(x) rounded to float32 (math.erf, float64, is within 1 ulp of float64)
+  exact = np.array([math.erf(float(v)) for v in x])
+  ulps = np.abs(got.astype(np.float64) - exact) / np.spacing(np.abs(exact).astype(np.float32)).astype(np.float64)
+  assert ulps.max() <= 1, f"max {ulps.max():.3f} ulp at x={x[ulps.argmax()]}"
+  np.testing.assert_array_equal(Tensor(-x).erf().numpy(), -got)   # odd, to the bit
+  np.testing.assert_array_equal(Tensor([math.inf, -math.inf, 0.0, -0.0]).erf().numpy(), [1, -1, 0, 0])
+  assert np.signbit(Tensor([-0.0]).erf().item())
   assert np.isnan(Tensor([math.nan]).erf().item())
+  # float16 is computed in float32 and rounded
+  half = x[:: 50].astype(np.float16)
+  np.testing.assert_array_equal(Tensor(half).erf().numpy(), Tensor(half.astype(np.float32)).erf().numpy().astype(np.float16))
+
+
+def test_erf_float64_keeps_its_accuracy():
+  # float64 keeps its own two series, within 3e-13 of erf
+  x = np.concatenate([np.linspace(-7, 7, 20001), np.geomspace(1e-300, 1, 200), [1.5, np.nextafter(1.5, 0), 6, 1e300]])
+  exact = np.array([math.erf(v) for v in x])
+  np.testing.assert_allclose(Tensor(x).erf().numpy(), exact, rtol=1e-12, atol=0)
+  np.testing.assert_array_equal(Tensor([math.inf, -math.inf], dtype=dtypes.float64).erf().numpy(), [1, -1])
+  assert np.isnan(Tensor([math.nan], dtype=dtypes.float64).erf().item())
 
 
 @pytest.mark.parametrize("shapes", [[(3, 4), (3, 4)], [(2, 1, 3), (4, 1)], [(), (5,)]], ids=str)

@@ -11,7 +11,7 @@ computed already is read from its buffer):
   - load_op: a load op (COPY, EMPTY, CONTIGUOUS, GATHER, SCATTER_ADD, ATTENTION) is its own kernel;
   - read_once: a base read once (one edge of the graph) is inlined into its reader's kernel (how: the
     read rules below);
-  - one_kernel: a base whose every read lands in one kernel (erf's x*x, read by two polynomials) is
+  - one_kernel: a base whose every read lands in one kernel (erf's x*x, read by five Horner steps) is
     computed there once, in registers (not through a reduce, nor a view that pads or expands);
   - cheap: an elementwise base that takes at most CHEAP_OPS ALU ops and no reduce to recompute (over
     inputs in memory) is recomputed by each reader: re-reading its inputs costs less than writing it
