@@ -344,14 +344,28 @@ def _heuristic_vector(dims: Dims, leaves: list[LeafAccess], dtypes_used: set[DTy
 
 def _heuristic_tile(dims: Dims, leaves: list[LeafAccess], vec: int | None, budget: int, tails: bool) -> dict[int, int]:
   """Up to two reuse axes, each unrolled by the first TILE_AMOUNT that fits the accumulators left in
-  the budget and divides it (or, with `tails`, is no longer than it: the rest is a tail tile)."""
+  the budget and divides it (or, with `tails`, is no longer than it: the rest is a tail tile).
+  A convolution's output has three reuse axes or more (batch, rows, columns, ...): its tile takes the first two
+  that an amount divides, nearest in memory first (the columns, for a stride-1 conv: the tile's rows then read
+  inputs a float apart, in the same cache lines, where rows along the batch read streams a whole image apart; a
+  ResNet-18's 3x3 convs ran 20-25% faster on an AVX2 host, bench/README.md). Two reuse axes or fewer keep their
+  order: sorted the same way, the projections of a ViT in a permuted layout ran slower."""
+  axes = _reuse_axes(dims, leaves, vec)
+  if len(axes) > 2: axes, tails = sorted(axes, key=lambda d: _input_step(leaves, d)), False
+  else: axes = axes[:2]
   tile = {}
-  for d in _reuse_axes(dims, leaves, vec)[:2]:
+  for d in axes:
     size = dims[d][0]
     amount = next((a for a in TILE_AMOUNTS if a <= min(budget, size) and (tails or size % a == 0)), None)
     if amount is None: continue
     tile[d], budget = amount, budget // amount
+    if len(tile) == 2: break
   return tile
+
+
+def _input_step(leaves: list[LeafAccess], d: int) -> int:
+  """The smallest step along axis d of a load inside the reduce that moves along it."""
+  return min((abs(leaf.strides[d]) for leaf in leaves if leaf.is_load and leaf.below_reduce and leaf.strides[d]), default=0)
 
 
 def tails_are_valid(dims: Dims, opts: Opts) -> bool:
