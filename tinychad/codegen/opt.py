@@ -345,22 +345,27 @@ def _heuristic_vector(dims: Dims, leaves: list[LeafAccess], dtypes_used: set[DTy
 def _heuristic_tile(dims: Dims, leaves: list[LeafAccess], vec: int | None, budget: int, tails: bool) -> dict[int, int]:
   """Up to two reuse axes, each unrolled by the first TILE_AMOUNT that fits the accumulators left in
   the budget and divides it (or, with `tails`, is no longer than it: the rest is a tail tile).
-  A convolution's output has three reuse axes or more (batch, rows, columns, ...): its tile takes the first two
-  that an amount divides, nearest in memory first (the columns, for a stride-1 conv: the tile's rows then read
-  inputs a float apart, in the same cache lines, where rows along the batch read streams a whole image apart; a
-  ResNet-18's 3x3 convs ran 20-25% faster on an AVX2 host, bench/README.md). Two reuse axes or fewer keep their
-  order: sorted the same way, the projections of a ViT in a permuted layout ran slower."""
+  A convolution's output has three reuse axes or more (batch, rows, columns, ...): its tile takes the axis with
+  the largest amount first and, among equals, the one whose input is nearest in memory (the columns, for a
+  stride-1 conv: the tile's rows then read neighbouring floats, in the same cache lines, where rows along the
+  batch read streams a whole image apart; a ResNet-18's 3x3 convs ran 20-30% faster on an AVX2 host,
+  bench/README.md). Two reuse axes or fewer keep their order: sorted by nearness, the projections of a ViT in a
+  permuted layout ran slower."""
   axes = _reuse_axes(dims, leaves, vec)
-  if len(axes) > 2: axes, tails = sorted(axes, key=lambda d: _input_step(leaves, d)), False
+  if len(axes) > 2:
+    axes = sorted(axes, key=lambda d: (-(_tile_amount(dims[d][0], budget, tails) or 0), _input_step(leaves, d)))
   else: axes = axes[:2]
   tile = {}
   for d in axes:
-    size = dims[d][0]
-    amount = next((a for a in TILE_AMOUNTS if a <= min(budget, size) and (tails or size % a == 0)), None)
+    amount = _tile_amount(dims[d][0], budget, tails)
     if amount is None: continue
     tile[d], budget = amount, budget // amount
     if len(tile) == 2: break
   return tile
+
+
+def _tile_amount(size: int, budget: int, tails: bool) -> int | None:
+  return next((a for a in TILE_AMOUNTS if a <= min(budget, size) and (tails or size % a == 0)), None)
 
 
 def _input_step(leaves: list[LeafAccess], d: int) -> int:
@@ -507,7 +512,7 @@ def candidate_opts(dims: Dims, leaves: list[LeafAccess], dtypes_used: set[DType]
   """The lane choices worth timing, the heuristic's first, then one family varied at a time around
   it: other vector axes and widths (each completed by the heuristic's rules), then row vectors,
   register tiles and partial sums for the heuristic's vector. All distinct, and every upcast divides
-  its dim. Loop orders are order_variants: the search tries them on the fastest of these only."""
+  its dim but tile rows the heuristic's rules chose, which may leave one tail (tails_are_valid). Loop orders are order_variants: the search tries them on the fastest of these only."""
   heuristic = choose_opts(dims, leaves, dtypes_used, ops_used)
   if getenv("NOOPT", 0) or not _may_use_lanes(dtypes_used, ops_used): return [heuristic]
   found = [heuristic] + _vector_variants(dims, leaves, dtypes_used)
@@ -523,4 +528,5 @@ def order_variants(dims: Dims, opts: Opts) -> list[Opts]:
   orders = [natural, natural[::-1]] + [[d] + [a for a in natural if a != d] for d in natural]
   # without staging: which loops pick the staged panel is what these orders change
   found = [Opts(dict(opts.upcast), opts.vector, order, opts.unroll) for order in orders]
-  return [o for o in distinct_opts(dims, [opts] + found) if o is not opts]
+  # a tail tile must run inside another loop: an order that moves its axis outside them can't keep it
+  return [o for o in distinct_opts(dims, [opts] + found) if o is not opts and tails_are_valid(dims, o)]
