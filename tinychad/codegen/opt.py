@@ -365,12 +365,14 @@ def _heuristic_tile(dims: Dims, leaves: list[LeafAccess], vec: int | None, budge
 
 
 def _tile_amount(size: int, budget: int, tails: bool) -> int | None:
+  """The first TILE_AMOUNT within the budget and the axis that divides it (or, with `tails`, is no longer than it)."""
   return next((a for a in TILE_AMOUNTS if a <= min(budget, size) and (tails or size % a == 0)), None)
 
 
 def _input_step(leaves: list[LeafAccess], d: int) -> int:
   """The smallest step along axis d of a load inside the reduce that moves along it."""
-  return min((abs(leaf.strides[d]) for leaf in leaves if leaf.is_load and leaf.below_reduce and leaf.strides[d]), default=0)
+  moving = [leaf for leaf in leaves if leaf.is_load and leaf.below_reduce and leaf.strides[d]]
+  return min((abs(leaf.strides[d]) for leaf in moving), default=0)
 
 
 def tails_are_valid(dims: Dims, opts: Opts) -> bool:
@@ -512,7 +514,8 @@ def candidate_opts(dims: Dims, leaves: list[LeafAccess], dtypes_used: set[DType]
   """The lane choices worth timing, the heuristic's first, then one family varied at a time around
   it: other vector axes and widths (each completed by the heuristic's rules), then row vectors,
   register tiles and partial sums for the heuristic's vector. All distinct, and every upcast divides
-  its dim but tile rows the heuristic's rules chose, which may leave one tail (tails_are_valid). Loop orders are order_variants: the search tries them on the fastest of these only."""
+  its dim but tile rows the heuristic's rules chose, which may leave one tail (tails_are_valid). Loop orders
+  are order_variants: the search tries them on the fastest of these only."""
   heuristic = choose_opts(dims, leaves, dtypes_used, ops_used)
   if getenv("NOOPT", 0) or not _may_use_lanes(dtypes_used, ops_used): return [heuristic]
   found = [heuristic] + _vector_variants(dims, leaves, dtypes_used)
