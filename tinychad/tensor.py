@@ -1680,18 +1680,24 @@ class Tensor:
 ERF_SPLIT, ERF_END = 1.5, 6.0   # erfc(6) is 2e-17: erf is 1 in float64 beyond
 
 
+def _chebyshev_fit(f, lo: float, hi: float, degree: int, nodes: int, mapped: bool = False) -> tuple[float, ...]:
+  """A degree `degree` Chebyshev fit of f on `nodes` Chebyshev nodes of [lo, hi] (float64), as a power series in x,
+  or with `mapped` in x's place on [-1, 1] (2 (x - lo) / (hi - lo) - 1)."""
+  x = (np.cos(np.pi * (np.arange(nodes) + 0.5) / nodes) + 1) * (hi - lo) / 2 + lo
+  series = np.polynomial.Chebyshev.fit(x, [f(v) for v in x], degree, domain=[lo, hi])
+  coeffs = np.polynomial.chebyshev.cheb2poly(series.coef) if mapped else series.convert(kind=np.polynomial.Polynomial).coef
+  return tuple(float(c) for c in coeffs)
+
+
 @functools.cache
 def _erf_fits() -> tuple[tuple[float, ...], tuple[float, ...]]:
   """Chebyshev fits of math.erf on 2000 Chebyshev nodes (float64): erf(x)/x as a degree 12 power series in
   u = 2 x^2 / ERF_SPLIT^2 - 1, and erfc(x) exp(x^2) on [ERF_SPLIT, ERF_END] as a degree 18 power series in v, its
   interval mapped onto [-1, 1]: both series' coefficients stay below 1 in size, so Horner's rule is stable (the
   second's errors equal Clenshaw's on its Chebyshev form, 1e-11 relative). Max errors 3e-13 and 1e-13 in erf."""
-  nodes = np.cos(np.pi * (np.arange(2000) + 0.5) / 2000)
-  t = (nodes + 1) * ERF_SPLIT ** 2 / 2 + 1e-12
-  small = np.polynomial.chebyshev.cheb2poly(np.polynomial.chebyshev.chebfit(nodes, [math.erf(math.sqrt(v)) / math.sqrt(v) for v in t], 12))
-  x = (nodes + 1) * (ERF_END - ERF_SPLIT) / 2 + ERF_SPLIT
-  big = np.polynomial.chebyshev.cheb2poly(np.polynomial.chebyshev.chebfit(nodes, [math.erfc(v) * math.exp(v * v) for v in x], 18))
-  return tuple(float(c) for c in small), tuple(float(c) for c in big)
+  small = _chebyshev_fit(lambda t: math.erf(math.sqrt(t)) / math.sqrt(t), 1e-12, ERF_SPLIT ** 2 + 1e-12, 12, 2000, mapped=True)
+  big = _chebyshev_fit(lambda v: math.erfc(v) * math.exp(v * v), ERF_SPLIT, ERF_END, 18, 2000, mapped=True)
+  return small, big
 
 
 def _horner(coeffs: tuple[float, ...], v: Tensor) -> Tensor:
@@ -1733,13 +1739,10 @@ def _erf32_fits() -> tuple[tuple[float, ...], tuple[float, ...], tuple[float, ..
   of degree 12 in v. Their coefficients stay below 0.38 in size, so Horner's rule is stable. The ranges, centres and
   degrees were picked by the max error over every float32 of each range, with and without FMA contraction (<= 0.86
   ulp either way): splitting at 0.5 with w = |x| - 1 reached 0.999 ulp, and 1.06 with FMA."""
-  def fit(f, lo: float, hi: float, degree: int) -> tuple[float, ...]:
-    nodes = (np.cos(np.pi * (np.arange(3000) + 0.5) / 3000) + 1) * (hi - lo) / 2 + lo
-    series = np.polynomial.Chebyshev.fit(nodes, [f(v) for v in nodes], degree, domain=[lo, hi])
-    return tuple(float(c) for c in series.convert(kind=np.polynomial.Polynomial).coef)
-  small = fit(lambda t: math.erf(math.sqrt(t)) / math.sqrt(t) - 1, 0, ERF32_SMALL ** 2, 5)
-  mid = fit(lambda w: math.erf(w + ERF32_MID_AT) - ERF32_MID_BASE, ERF32_SMALL - ERF32_MID_AT, ERF32_MID - ERF32_MID_AT, 8)
-  tail = fit(lambda v: math.erfc(ERF32_TAIL_AT - v), ERF32_TAIL_AT - ERF32_END, ERF32_TAIL_AT - ERF32_MID, 12)
+  small = _chebyshev_fit(lambda t: math.erf(math.sqrt(t)) / math.sqrt(t) - 1, 0, ERF32_SMALL ** 2, 5, 3000)
+  mid = _chebyshev_fit(lambda w: math.erf(w + ERF32_MID_AT) - ERF32_MID_BASE, ERF32_SMALL - ERF32_MID_AT,
+                       ERF32_MID - ERF32_MID_AT, 8, 3000)
+  tail = _chebyshev_fit(lambda v: math.erfc(ERF32_TAIL_AT - v), ERF32_TAIL_AT - ERF32_END, ERF32_TAIL_AT - ERF32_MID, 12, 3000)
   return small, mid, tail
 
 
