@@ -342,21 +342,23 @@ def _heuristic_vector(dims: Dims, leaves: list[LeafAccess], dtypes_used: set[DTy
   return None
 
 
-def _heuristic_tile(dims: Dims, leaves: list[LeafAccess], vec: int | None, budget: int, tails: bool) -> dict[int, int]:
-  """Up to two reuse axes, each unrolled by the first TILE_AMOUNT that fits the accumulators left in
-  the budget and divides it (or, with `tails`, is no longer than it: the rest is a tail tile).
-  A convolution's output has three reuse axes or more (batch, rows, columns, ...): its tile takes the axis with
-  the largest amount first and, among equals, the one whose input is nearest in memory (the columns, for a
-  stride-1 conv: the tile's rows then read neighbouring floats, in the same cache lines, where rows along the
-  batch read streams a whole image apart; a ResNet-18's 3x3 convs ran 20-30% faster on an AVX2 host,
-  bench/README.md). Two reuse axes or fewer keep their order: sorted by nearness, the projections of a ViT in a
-  permuted layout ran slower."""
+def _tile_axes(dims: Dims, leaves: list[LeafAccess], vec: int | None, budget: int, tails: bool) -> list[int]:
+  """The reuse axes a register tile goes along, in the order it tries them. Two or fewer: as they come. A
+  convolution's output has three or more (batch, rows, columns, ...): the axis with the largest amount first and,
+  among equals, the one whose input is nearest in memory (the columns, for a stride-1 conv: the tile's rows then
+  read neighbouring floats, in the same cache lines, where rows along the batch read streams a whole image apart; a
+  ResNet-18's 3x3 convs ran 20-30% faster on an AVX2 host, bench/README.md). Two axes aren't sorted so: by
+  nearness, the projections of a ViT in a permuted layout ran slower."""
   axes = _reuse_axes(dims, leaves, vec)
-  if len(axes) > 2:
-    axes = sorted(axes, key=lambda d: (-(_tile_amount(dims[d][0], budget, tails) or 0), _input_step(leaves, d)))
-  else: axes = axes[:2]
+  if len(axes) <= 2: return axes
+  return sorted(axes, key=lambda d: (-(_tile_amount(dims[d][0], budget, tails) or 0), _input_step(leaves, d)))
+
+
+def _heuristic_tile(dims: Dims, leaves: list[LeafAccess], vec: int | None, budget: int, tails: bool) -> dict[int, int]:
+  """Up to two reuse axes (_tile_axes' order), each unrolled by the first TILE_AMOUNT that fits the accumulators
+  left in the budget and divides it (or, with `tails`, is no longer than it: the rest is a tail tile)."""
   tile = {}
-  for d in axes:
+  for d in _tile_axes(dims, leaves, vec, budget, tails):
     amount = _tile_amount(dims[d][0], budget, tails)
     if amount is None: continue
     tile[d], budget = amount, budget // amount
@@ -484,10 +486,10 @@ def _tile_size(tile: dict[int, int]) -> int:
 
 
 def _tiles(dims: Dims, leaves: list[LeafAccess], vec: int | None, budget: int) -> list[dict[int, int]]:
-  """Every register tile over the first two reuse axes whose unrolls divide them and whose
+  """Every register tile over the first two reuse axes (_tile_axes' order) whose unrolls divide them and whose
   accumulators fit the budget, the empty tile included."""
   tiles: list[dict[int, int]] = [{}]
-  for d in _reuse_axes(dims, leaves, vec)[:2]:
+  for d in _tile_axes(dims, leaves, vec, budget, tails=False)[:2]:
     amounts = [a for a in TILE_AMOUNTS if dims[d][0] % a == 0]
     tiles += [{**t, d: a} for t in tiles for a in amounts if a * _tile_size(t) <= budget]
   return tiles
