@@ -77,6 +77,9 @@ def test_import_relaxes_the_default_gc_threshold_only():
   assert _threshold_after_import() == GC_THRESHOLD != PYTHON_GC_THRESHOLD
   assert _threshold_after_import(env={"GC_THRESHOLD": "700"}) == 700
   assert _threshold_after_import("gc.set_threshold(1234)") == 1234
+  bad = subprocess.run([sys.executable, "-c", "import tinychad"], env=os.environ | {"GC_THRESHOLD": "lots"},
+                       capture_output=True, text=True)
+  assert bad.returncode != 0 and "GC_THRESHOLD: expected a count of objects" in bad.stderr
 
 
 def test_an_eager_training_step_makes_no_cyclic_garbage():

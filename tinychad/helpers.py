@@ -57,7 +57,9 @@ def relax_gc() -> None:
   automatic collection off); a threshold the program set itself before importing tinychad is left alone."""
   threshold, *older = gc.get_threshold()
   wanted = os.environ.get("GC_THRESHOLD")
-  if wanted is not None: gc.set_threshold(int(wanted), *older)
+  if wanted is not None:
+    if not wanted.isdigit(): raise ValueError(f"GC_THRESHOLD: expected a count of objects (0 or more), got {wanted!r}")
+    gc.set_threshold(int(wanted), *older)
   elif threshold == PYTHON_GC_THRESHOLD: gc.set_threshold(GC_THRESHOLD, *older)
 
 
