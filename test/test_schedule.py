@@ -7,7 +7,7 @@ import pytest
 from tinychad import Tensor, GlobalCounters
 from tinychad.engine import schedule
 from tinychad.engine.schedule import MAX_FUSED_DEPTH
-from tinychad.ops import ReduceOps
+from tinychad.ops import ReduceOps, TernaryOps, UnaryOps
 
 
 def kernels(*tensors: Tensor) -> int:
@@ -128,8 +128,8 @@ def test_cheap_elementwise_used_twice_is_recomputed():
 
 
 def test_elementwise_read_several_times_by_one_kernel_stays_in_it():
-  """erf's series variables (x*x, |x| - 1.125, 2.5 - min(|x|, 4)) feed 5, 8 and 12 Horner steps: all in
-  the same kernel, so each is computed there once instead of being written to memory and read back."""
+  """gelu reads x + b twice (0.5 x and erf's input), and erf's series (engine/erf.py) reads its variables up to 12
+  times: all in the same kernel, so each is computed there once instead of being written to memory and read back."""
   x, b = rand(32, 64), rand(64)
   out = (x + b).gelu()
   assert kernels(out) == 1
@@ -146,12 +146,10 @@ def test_elementwise_read_several_times_by_one_kernel_stays_in_it():
 
 def test_gelu_read_by_a_matmul_keeps_erf_in_few_kernels():
   """GELU before a matmul (a GPT MLP): the matmul's expanding read makes gelu's output a kernel of its
-  own, and the rules see erf's reads as landing in the matmul (a reduce), so a base read several times
-  gets a buffer unless it is cheap. erf's float32 series variables (x*x, |x| - 1.125, 2.5 - min(|x|, 4),
-  unclipped where the select drops them) take at most 7 ops from the first matmul's output: each is
-  recomputed in gelu's kernel, with its three Horner chains: 3 kernels. The float64 series read two
-  clipped inputs too costly to recompute, each a float64 buffer of its own: 5. Clenshaw's recurrence for
-  the tail (each step reading the two before) made one kernel per step: 22."""
+  own, and erf is one node of the lazy graph, read once, which the scheduler expands into its series inside
+  gelu's kernel: 3 kernels. When erf's series was recorded op by op, its variables read several times had to
+  stay cheap enough to recompute (a float64 series with clipped inputs made 5 kernels; Clenshaw's recurrence,
+  each step reading the two before, one kernel per step: 22)."""
   x, w1, b, w2 = rand(16, 32), rand(32, 64), rand(64), rand(64, 8)
   out = (x @ w1 + b).gelu() @ w2
   assert len(out.schedule()) == 3
@@ -161,18 +159,31 @@ def test_gelu_read_by_a_matmul_keeps_erf_in_few_kernels():
 
 
 def test_gelu_backward_is_few_kernels():
-  """erf's gradient is its own, 2/sqrt(pi) exp(-x^2) (function.KnownSlope), not autograd through its series,
+  """erf's gradient is its own, 2/sqrt(pi) exp(-x^2) (function.Erf), not autograd through its series,
   which kept each Horner step's value for backward: 21 kernels per GELU of a ViT step."""
   x = rand(16, 32)
   w1, w2 = Tensor.randn(32, 64, requires_grad=True).realize(), Tensor.randn(64, 8, requires_grad=True).realize()
   ((x @ w1).gelu() @ w2).sum().backward()
-  # the matmul; the gradient's matmul, gelu's slope (erf and its series inline), w1's gradient (6 with erf's
-  # float64 series, whose clipped inputs had buffers; 24 with autograd through them)
+  # the matmul; the gradient's matmul, gelu's slope (erf's series inline), w1's gradient (6 with erf's float64
+  # series recorded op by op, whose clipped inputs had buffers; 24 with autograd through them)
   assert len([item for item in w1.grad.schedule() if item.is_kernel]) == 4
   torch = __import__("torch")
   tw1, tw2 = (torch.tensor(t.numpy(), requires_grad=True) for t in (w1, w2))
   (torch.nn.functional.gelu(torch.tensor(x.numpy()) @ tw1) @ tw2).sum().backward()
   np.testing.assert_allclose(w1.grad.numpy(), tw1.grad.numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_erf_is_one_recorded_op_expanded_in_its_kernel():
+  """erf is one node of the lazy graph (a decoding step records and keys ~70 fewer per GELU); the kernel tree has
+  its series in primitive ops (engine/erf.py), which no device needs to know."""
+  x = rand(8, 16)
+  out = (x * 2).erf()
+  assert out.lazydata.op is UnaryOps.ERF and out.lazydata.srcs[0].op is not UnaryOps.ERF
+  (item,) = out.schedule()
+  ops = [node.op for node in item.ast.walk()]
+  assert UnaryOps.ERF not in ops and ops.count(TernaryOps.WHERE) == 3
+  torch = __import__("torch")
+  np.testing.assert_allclose(out.numpy(), torch.erf(torch.tensor(x.numpy()) * 2).numpy(), rtol=1e-6, atol=1e-7)
 
 
 def test_erf_gradient_is_exact_in_float64():
@@ -222,7 +233,8 @@ def test_each_decision_is_made_by_a_named_rule():
   """Whether a base gets a kernel is decided by the first rule of REALIZE_RULES that holds, once per base."""
   x = rand(32, 64)
   names = [name for name, _, _ in schedule.REALIZE_RULES]
-  for out, rule in (((x + 1).erf(), "one_kernel"), (x.softmax(-1), "cheap"), (x @ rand(64, 64) * 2, "read_once")):
+  shifted = x + 1
+  for out, rule in ((shifted * shifted + shifted, "one_kernel"), (x.softmax(-1), "cheap"), (x @ rand(64, 64) * 2, "read_once")):
     decided_by = schedule._Scheduler([out.lazydata]).decided_by
     assert rule in decided_by.values() and set(decided_by.values()) <= set(names)
     assert decided_by[out.lazydata.base] == "output"

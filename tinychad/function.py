@@ -204,13 +204,16 @@ class Trunc(Function):
   def backward(self, grad: LazyBuffer) -> LazyBuffer: return grad.const_like(0)
 
 
-class KnownSlope(Function):
-  """f(x), its value computed apart (with no graph), and its derivative `slope` = f'(x) given: for an f written as a
-  long formula (erf's series), whose autograd would keep every step's value for backward."""
-  def forward(self, x: LazyBuffer, value: LazyBuffer, slope: LazyBuffer) -> LazyBuffer:
-    self.slope = slope
-    return value
-  def backward(self, grad: LazyBuffer): return grad.e(BinaryOps.MUL, self.slope), None, None
+class Erf(Function):
+  """One node of the lazy graph, which the scheduler expands into erf's series (engine/erf.py). The gradient is
+  erf's own, 2/sqrt(pi) exp(-x^2): autograd through the series would keep every Horner step's value for backward."""
+  def forward(self, x: LazyBuffer) -> LazyBuffer:
+    self.x = x
+    return x.e(UnaryOps.ERF)
+  def backward(self, grad: LazyBuffer) -> LazyBuffer:
+    x = self.x
+    gaussian = x.e(BinaryOps.MUL, x).e(UnaryOps.NEG).e(BinaryOps.MUL, x.const_like(1 / math.log(2))).e(UnaryOps.EXP2)
+    return gaussian.e(BinaryOps.MUL, x.const_like(2 / math.sqrt(math.pi))).e(BinaryOps.MUL, grad)
 
 
 # ---- binary (inputs already broadcast to one shape and cast to one dtype) ----
@@ -323,6 +326,58 @@ class Max(Function):
     return is_max.e(BinaryOps.DIV, count).e(BinaryOps.MUL, grad.expand(self.x.shape))
 
 
+# ---- normalization ----
+class LayerNorm(Function):
+  """(x - mean) / sqrt(var + eps) over `axes` (biased variance, as PyTorch), then times weight and plus bias where
+  given (`affine` says which of the two follow x; both have the shape of the trailing `axes`). One Function rather
+  than the ~18 ops it records (a decoding step has nine): each would cost a Python call forward and one back. The
+  backward is the closed form: dx = (dxhat - mean(dxhat) - xhat mean(dxhat xhat)) / std, dxhat = grad weight."""
+  def forward(self, x: LazyBuffer, *params: LazyBuffer, axes: tuple[int, ...], eps: float,
+              affine: tuple[bool, bool]) -> LazyBuffer:
+    """params: the weight if affine[0], then the bias if affine[1]."""
+    self.axes, self.count = axes, math.prod(x.shape[a] for a in axes)
+    centered = x.e(BinaryOps.SUB, self._mean(x).expand(x.shape))
+    variance = self._mean(centered.e(BinaryOps.MUL, centered))
+    self.inv_std = variance.e(BinaryOps.ADD, variance.const_like(eps)).e(UnaryOps.SQRT).e(UnaryOps.RECIP).expand(x.shape)
+    self.normalized = out = centered.e(BinaryOps.MUL, self.inv_std)
+    self.weight = self.bias = None
+    if affine[0]: self.weight, params = _trailing(params[0], x.shape), params[1:]
+    if affine[1]: self.bias = _trailing(params[0], x.shape)
+    if self.weight is not None: out = out.e(BinaryOps.MUL, self.weight)
+    return out.e(BinaryOps.ADD, self.bias) if self.bias is not None else out
+
+  def backward(self, grad: LazyBuffer):
+    shape, normalized = grad.shape, self.normalized
+    lead = tuple(a for a in range(len(shape)) if a not in self.axes)     # what a weight's gradient sums over
+    grads: list[LazyBuffer | None] = [None]
+    if self.weight is not None:
+      wanted = self.needs_input_grad[len(grads)]
+      grads.append(_sum_to(grad.e(BinaryOps.MUL, normalized), lead) if wanted else None)
+    if self.bias is not None: grads.append(_sum_to(grad, lead) if self.needs_input_grad[len(grads)] else None)
+    if self.needs_input_grad[0]:
+      dnormalized = grad.e(BinaryOps.MUL, self.weight) if self.weight is not None else grad
+      mean_d = self._mean(dnormalized).expand(shape)
+      mean_dn = self._mean(dnormalized.e(BinaryOps.MUL, normalized)).expand(shape)
+      centered = dnormalized.e(BinaryOps.SUB, mean_d).e(BinaryOps.SUB, normalized.e(BinaryOps.MUL, mean_dn))
+      grads[0] = centered.e(BinaryOps.MUL, self.inv_std)
+    return tuple(grads)
+
+  def _mean(self, x: LazyBuffer) -> LazyBuffer:
+    """x's mean over the axes, kept as size 1 (a sum divided by the count, as Tensor.mean)."""
+    total = x.r(ReduceOps.SUM, self.axes)
+    return total.e(BinaryOps.DIV, total.const_like(self.count))
+
+
+def _trailing(param: LazyBuffer, shape: tuple[int, ...]) -> LazyBuffer:
+  """A parameter shaped like the trailing axes of `shape`, seen at `shape`."""
+  return param.reshape((1,) * (len(shape) - len(param.shape)) + param.shape).expand(shape)
+
+
+def _sum_to(x: LazyBuffer, lead: tuple[int, ...]) -> LazyBuffer:
+  """x summed over the leading axes `lead`, shaped as the trailing rest (a weight's or bias's gradient)."""
+  return x.r(ReduceOps.SUM, lead).reshape(tuple(s for a, s in enumerate(x.shape) if a not in lead)) if lead else x
+
+
 # ---- matrix product ----
 class Matmul(Function):
   """x (..., n, k) @ w (..., k, m), equal batch axes (the caller broadcasts them):
@@ -350,6 +405,24 @@ class Matmul(Function):
     if self.needs_input_grad[1]:
       grad_w = _swap_last(self.rows.e(BinaryOps.MUL, spread).r(ReduceOps.SUM, (n_axis,)).reshape(self.lead + (m, k)))
     return grad_x, grad_w
+
+
+class Linear(Matmul):
+  """PyTorch's linear, x (..., k) @ weight (m, k).T + bias (m,): Matmul's forward and backward on the rows of x as
+  one (rows, k) matrix, in one Function instead of the six ops (reshapes, the transpose, the bias's broadcast, the
+  add) a layer records otherwise: the same lazy graph, one Python call."""
+  def forward(self, x: LazyBuffer, weight: LazyBuffer, *bias: LazyBuffer) -> LazyBuffer:
+    self.input_shape, self.has_bias, k, m = x.shape, bool(bias), x.shape[-1], weight.shape[0]
+    out = super().forward(x.reshape((math.prod(x.shape[:-1]), k)), _swap_last(weight))
+    if bias: out = out.e(BinaryOps.ADD, bias[0].reshape((1, m)).expand(out.shape))
+    return out.reshape(x.shape[:-1] + (m,))
+
+  def backward(self, grad: LazyBuffer):
+    rows = grad.reshape((math.prod(grad.shape[:-1]), grad.shape[-1]))
+    grad_x, grad_w = super().backward(rows)
+    grads = (grad_x.reshape(self.input_shape) if grad_x is not None else None, _swap_last(grad_w) if grad_w is not None else None)
+    if not self.has_bias: return grads
+    return grads + (rows.r(ReduceOps.SUM, (0,)).reshape(rows.shape[1:]) if self.needs_input_grad[2] else None,)
 
 
 def _matmul(x: LazyBuffer, w: LazyBuffer):

@@ -76,7 +76,7 @@ class LazyBuffer:
   def full(value, shape: tuple[int, ...], dtype: DType, device: str) -> LazyBuffer:
     """A constant: one scalar, broadcast by a zero-stride view, no memory."""
     const = LazyBuffer(device, ShapeTracker.from_shape(()), dtype, LoadOps.CONST, dtype.np(value).item())
-    return LazyBuffer(device, _broadcast_tracker(tuple(shape)), dtype, base=const) if shape else const
+    return LazyBuffer(device, broadcast_tracker(tuple(shape)), dtype, base=const) if shape else const
 
   @staticmethod
   def operand(value, shape: tuple[int, ...], dtype: DType, device: str) -> LazyBuffer:
@@ -203,7 +203,7 @@ class LazyBuffer:
 
 
 @functools.lru_cache(maxsize=1024)
-def _broadcast_tracker(shape: tuple[int, ...]) -> ShapeTracker:
+def broadcast_tracker(shape: tuple[int, ...]) -> ShapeTracker:
   """The view of a 0-d constant at `shape`: every stride 0 (what reshape to 1s, then expand, gives)."""
   return ShapeTracker.from_shape(()).reshape((1,) * len(shape)).expand(shape)
 

@@ -12,7 +12,9 @@ a table can't say (guarded integer division, NaN-propagating max, vector blends)
 list of rules in each renderer.
 Adding an ALU op takes: its enum member here, its OpInfo entry in OP_INFO, and, for autograd, a
 Function in function.py (and the Tensor method that applies it). Only an op whose meaning no template
-can spell (see the rules in renderer/cstyle.py and renderer/llvmir.py) needs a rule there too.
+can spell (see the rules in renderer/cstyle.py and renderer/llvmir.py) needs a rule there too. A composite
+op (ERF) is one node of the lazy graph, cheap to record, that the scheduler expands into the others
+(engine/schedule.py's EXPANSIONS), so no device needs to know it.
 """
 from __future__ import annotations
 import weakref
@@ -40,6 +42,7 @@ class UnaryOps(_OpEnum):
   TRUNC = auto()    # round toward zero (floats); identity on integers
   CAST = auto()     # convert to the dtype in `arg`
   BITCAST = auto()  # reinterpret the bits as the dtype in `arg` (same itemsize)
+  ERF = auto()      # erf(x): the scheduler expands it into the ops above when it builds a kernel (engine/erf.py)
 
 
 class BinaryOps(_OpEnum):
@@ -184,6 +187,8 @@ OP_INFO: dict[Op, OpInfo] = {
   UnaryOps.TRUNC: OpInfo(numpy=np.trunc, c=("{0}", "{0}", "trunc{f}({0})"), llvm=(None, None, "llvm.trunc")),
   UnaryOps.CAST: OpInfo(c=_each("({dtype}){0}")),
   UnaryOps.BITCAST: OpInfo(simd=False),
+  # no spelling: no device sees it (engine/erf.py)
+  UnaryOps.ERF: OpInfo(float_only=True, costly=True),
   # bool arithmetic as numpy does it: + is or, * is and, - is xor, max is or
   BinaryOps.ADD: OpInfo(vector_dtypes=NATIVE_VECTOR_DTYPES, numpy=np.add, c=_each("{0}+{1}"),
                         llvm=("or_", "add", "fadd")),

@@ -685,16 +685,10 @@ class Tensor:
       return 0.5 * self * (1 + (math.sqrt(2 / math.pi) * (self + 0.044715 * self * self * self)).tanh())
     return 0.5 * self * (1 + (self * (1 / math.sqrt(2))).erf())
   def erf(self) -> Tensor:
-    """erf by piecewise fits, every piece evaluated and the right one selected. float64 inputs: in float64, within
-    3e-13 (relative below |x| 1.5, absolute above; _erf64). Others: in float32 (float16 rounds the result), within
-    1 ulp as PyTorch's float32 erf (Sleef's u10): 0.857 ulp at most over every float32, alike on the C, LLVM and
-    OpenCL devices (_erf32). The gradient is erf's own, 2/sqrt(pi) exp(-x^2) (F.KnownSlope): autograd through the
-    series would keep every Horner step's value for backward (21 kernels per GELU in a ViT step)."""
-    x = self._float()
-    value = _erf64(x.detach()) if x.dtype == dtypes.float64 else _erf32(x.detach().float()).cast(x.dtype)
-    if x.requires_grad is False or Tensor.no_grad: return value
-    slope = (-x.detach().square()).exp() * (2 / math.sqrt(math.pi))
-    return F.KnownSlope.apply(x, value, slope)
+    """erf by piecewise fits (engine/erf.py). float64 inputs: in float64, within 3e-13 (relative below |x| 1.5,
+    absolute above). Others: in float32 (float16 rounds the result), within 1 ulp as PyTorch's float32 erf: 0.857 ulp
+    at most over every float32, alike on every device."""
+    return F.Erf.apply(self._float())
   def clip(self, min_=None, max_=None) -> Tensor:
     """Bounds count as inside: the gradient passes on them, as in PyTorch (NaN stays NaN)."""
     if min_ is None and max_ is None: raise ValueError("clip: at least one of min and max must be given")
@@ -1130,10 +1124,8 @@ class Tensor:
     return keep.where(self, 0) * (1 / (1 - p))
 
   def layernorm(self, axis=-1, eps: float = 1e-5) -> Tensor:
-    x = self._float()
-    mean = x.mean(axis, keepdim=True)
-    centered = x - mean
-    return centered * ((centered * centered).mean(axis, keepdim=True) + eps).rsqrt()
+    """(x - mean) / sqrt(var + eps) over axis: one autograd op (function.LayerNorm)."""
+    return F.LayerNorm.apply(self._float(), axes=self._axes(axis, "layernorm"), eps=eps, affine=(False, False))
 
   def batchnorm(self, weight: Tensor | None, bias: Tensor | None, mean: Tensor, invstd: Tensor) -> Tensor:
     """Normalise over dim 1 (channels) with given statistics: (x - mean) * invstd * weight + bias."""
@@ -1674,93 +1666,6 @@ class Tensor:
       gumbel = -(-Tensor.rand(rows, n, device=self.device).maximum(1e-20).log()).log()
       picks = (w.log() + gumbel).topk(num_samples).indices
     return picks if self.ndim == 2 else picks.squeeze(0)
-
-
-# Tensor.erf in float64: two ranges and their fits
-ERF_SPLIT, ERF_END = 1.5, 6.0   # erfc(6) is 2e-17: erf is 1 in float64 beyond
-
-
-def _chebyshev_fit(f, lo: float, hi: float, degree: int, nodes: int, mapped: bool = False) -> tuple[float, ...]:
-  """A degree `degree` Chebyshev fit of f on `nodes` Chebyshev nodes of [lo, hi] (float64), as a power series in x,
-  or with `mapped` in x's place on [-1, 1] (2 (x - lo) / (hi - lo) - 1)."""
-  x = (np.cos(np.pi * (np.arange(nodes) + 0.5) / nodes) + 1) * (hi - lo) / 2 + lo
-  series = np.polynomial.Chebyshev.fit(x, [f(v) for v in x], degree, domain=[lo, hi])
-  coeffs = np.polynomial.chebyshev.cheb2poly(series.coef) if mapped else series.convert(kind=np.polynomial.Polynomial).coef
-  return tuple(float(c) for c in coeffs)
-
-
-@functools.cache
-def _erf_fits() -> tuple[tuple[float, ...], tuple[float, ...]]:
-  """Chebyshev fits of math.erf on 2000 Chebyshev nodes (float64): erf(x)/x as a degree 12 power series in
-  u = 2 x^2 / ERF_SPLIT^2 - 1, and erfc(x) exp(x^2) on [ERF_SPLIT, ERF_END] as a degree 18 power series in v, its
-  interval mapped onto [-1, 1]: both series' coefficients stay below 1 in size, so Horner's rule is stable (the
-  second's errors equal Clenshaw's on its Chebyshev form, 1e-11 relative). Max errors 3e-13 and 1e-13 in erf."""
-  small = _chebyshev_fit(lambda t: math.erf(math.sqrt(t)) / math.sqrt(t), 1e-12, ERF_SPLIT ** 2 + 1e-12, 12, 2000, mapped=True)
-  big = _chebyshev_fit(lambda v: math.erfc(v) * math.exp(v * v), ERF_SPLIT, ERF_END, 18, 2000, mapped=True)
-  return small, big
-
-
-def _horner(coeffs: tuple[float, ...], v: Tensor) -> Tensor:
-  """sum(coeffs[k] v^k) by Horner's rule, a chain in which each step reads the last once: kernels fuse it whole,
-  where Clenshaw's recurrence (each step reading the last two) left the scheduler a DAG it cut into one kernel per
-  step."""
-  acc = coeffs[-1] * v + coeffs[-2]
-  for c in reversed(coeffs[:-2]): acc = acc * v + c
-  return acc
-
-
-def _erf64(wide: Tensor) -> Tensor:
-  """|x| < 1.5: x * A(x^2); 1.5 <= |x| < 6: 1 - exp(-x^2) * B(|x|), where erfc(x) * exp(x^2) is smooth; beyond,
-  1. A and B are Chebyshev fits of math.erf (_erf_fits); each branch reads its input clipped to its own range, so
-  the branch not taken stays finite."""
-  small_coeffs, big_coeffs = _erf_fits()
-  u = (wide * wide).clip(None, ERF_SPLIT ** 2) * (2 / ERF_SPLIT ** 2) - 1
-  small = wide * _horner(small_coeffs, u)
-  big_x = wide.abs().clip(ERF_SPLIT, ERF_END)
-  v = (big_x * 2 - (ERF_SPLIT + ERF_END)) * (1 / (ERF_END - ERF_SPLIT))
-  big = 1 - (-(big_x * big_x)).exp() * _horner(big_coeffs, v)
-  # NaN compares false, so it takes the small branch, which keeps it
-  return (wide.abs() >= ERF_SPLIT).where(wide.sign() * big, small)
-
-
-# Tensor.erf in float32: three ranges of |x|, up to ERF32_SMALL, up to ERF32_MID, and beyond, where erfc is clipped at
-# ERF32_END (erfc(4) = 1.5e-8 is below half an ulp of 1, so erf rounds to 1 from there). The middle series is in
-# w = |x| - ERF32_MID_AT and adds ERF32_MID_BASE, the tail's is in v = ERF32_TAIL_AT - min(|x|, ERF32_END) and
-# subtracts from 1: both subtractions are exact on their ranges (Sterbenz), and the exact constants are added last,
-# so the series round as the small numbers they are.
-ERF32_SMALL, ERF32_MID, ERF32_END = 0.75, 1.5, 4.0
-ERF32_MID_AT, ERF32_MID_BASE, ERF32_TAIL_AT = 1.125, 0.875, 2.5
-
-
-@functools.cache
-def _erf32_fits() -> tuple[tuple[float, ...], tuple[float, ...], tuple[float, ...]]:
-  """Chebyshev fits of math.erf on 3000 Chebyshev nodes (float64), as power series in the variable each is evaluated
-  in: erf(x)/x - 1 of degree 5 in t = x^2 on [0, ERF32_SMALL^2], erf(x) - ERF32_MID_BASE of degree 8 in w, erfc(x)
-  of degree 12 in v. Their coefficients stay below 0.38 in size, so Horner's rule is stable. The ranges, centres and
-  degrees were picked by the max error over every float32 of each range, with and without FMA contraction (<= 0.86
-  ulp either way): splitting at 0.5 with w = |x| - 1 reached 0.999 ulp, and 1.06 with FMA."""
-  small = _chebyshev_fit(lambda t: math.erf(math.sqrt(t)) / math.sqrt(t) - 1, 0, ERF32_SMALL ** 2, 5, 3000)
-  mid = _chebyshev_fit(lambda w: math.erf(w + ERF32_MID_AT) - ERF32_MID_BASE, ERF32_SMALL - ERF32_MID_AT,
-                       ERF32_MID - ERF32_MID_AT, 8, 3000)
-  tail = _chebyshev_fit(lambda v: math.erfc(ERF32_TAIL_AT - v), ERF32_TAIL_AT - ERF32_END, ERF32_TAIL_AT - ERF32_MID, 12, 3000)
-  return small, mid, tail
-
-
-def _erf32(x: Tensor) -> Tensor:
-  """erf of float32 x: x + x q(x^2) up to |x| 0.75 (x added last, so the result rounds once near x), then
-  0.875 + d(w) and 1 - erfc(v), signed. A series reads its variable unclipped outside its range, where the select
-  drops its value (inf or NaN there do no harm): no clips to compute, and each variable stays cheap enough (at most
-  schedule.py's CHEAP_OPS from a matmul's output) for every kernel that reads it to recompute it, not to get a
-  buffer of its own."""
-  small_coeffs, mid_coeffs, tail_coeffs = _erf32_fits()
-  small = x + x * _horner(small_coeffs, x * x)
-  ax = x.maximum(-x)   # |x| in two ops, where abs() takes four (relu(x) + relu(-x), for its gradient)
-  mid = ERF32_MID_BASE + _horner(mid_coeffs, ax - ERF32_MID_AT)
-  tail = 1 - _horner(tail_coeffs, (-ax).maximum(-ERF32_END) + ERF32_TAIL_AT)
-  # each range holds its upper bound (> is one compare where >= is two); NaN compares false, so it takes the small
-  # branch, which keeps it, as -0.0 stays -0.0 there
-  big = (ax > ERF32_MID).where(tail, mid)
-  return (ax > ERF32_SMALL).where((x < 0).where(-1.0, 1.0) * big, small)
 
 
 # ---- module-level helpers ----

@@ -11,7 +11,7 @@ computed already is read from its buffer):
   - load_op: a load op (COPY, EMPTY, CONTIGUOUS, GATHER, SCATTER_ADD, ATTENTION) is its own kernel;
   - read_once: a base read once (one edge of the graph) is inlined into its reader's kernel (how: the
     read rules below);
-  - one_kernel: a base whose every read lands in one kernel (erf's x*x, read by five Horner steps) is
+  - one_kernel: a base whose every read lands in one kernel (gelu's input, read by x * 0.5 and by erf) is
     computed there once, in registers (not through a reduce, nor a view that pads or expands);
   - cheap: an elementwise base that takes at most CHEAP_OPS ALU ops and no reduce to recompute (over
     inputs in memory) is recomputed by each reader: re-reading its inputs costs less than writing it
@@ -34,6 +34,8 @@ How a kernel reads a base it reaches (_KernelBuilder._build), in order:
   - pads_or_expands: a view that pads (padding reads zeros, which the op may not map to zero) or
     expands (a matmul operand would be recomputed for every reuse) loads the base (forced);
   - inline: anything else is inlined, its views composed with the reader's (no copy).
+Composite ops (EXPANSIONS: erf) are one base to the rules, too many ops to recompute, and become their
+primitive nodes when a kernel tree is built (_alu_node).
 Row reduce (row_reduce_of): a reduce over the innermost axes (a row of at most ROW_REDUCE_MAX_ELEMENTS)
 whose consumer reads it back expanded over the same rows (softmax's 1/sum, layernorm's variance) is
 inlined into the consumer with the per-row ops between them; the kernel reduces a row, then loops over
@@ -52,10 +54,11 @@ from dataclasses import dataclass, field
 from typing import Callable
 from tinychad.codegen.pack import Panels, pack_plan, split_lanes
 from tinychad.codegen.refine import refine_kernel_shape
+from tinychad.engine.erf import erf_node
 from tinychad.engine.schedule_cache import GraphKey, Template, graph_key, lookup, remember
 from tinychad.helpers import getenv, prod, toposort
-from tinychad.lazy import LazyBuffer
-from tinychad.ops import BufferOps, KernelNode, LoadOps, ReduceOps, ALU_OPS, rebuild, rewrite
+from tinychad.lazy import LazyBuffer, broadcast_tracker
+from tinychad.ops import BufferOps, KernelNode, LoadOps, ReduceOps, UnaryOps, ALU_OPS, Op, rebuild, rewrite
 from tinychad.view import ShapeTracker
 
 # ALU ops an elementwise base may take to recompute and still be recomputed by each reader
@@ -220,9 +223,9 @@ class _Scheduler:
     return name, realize
 
   def _recompute_ops(self, base: LazyBuffer) -> int:
-    """ALU ops a kernel inlines to recompute `base`, counting at most to TOO_MANY_OPS (a reduce or a
-    load op is too many)."""
-    if isinstance(base.op, (ReduceOps, LoadOps)): return TOO_MANY_OPS
+    """ALU ops a kernel inlines to recompute `base`, counting at most to TOO_MANY_OPS (a reduce, a
+    load op or a composite op's dozens is too many)."""
+    if isinstance(base.op, (ReduceOps, LoadOps)) or base.op in EXPANSIONS: return TOO_MANY_OPS
     ops = 1
     for src in base.srcs:
       child = src.base
@@ -357,7 +360,7 @@ class _KernelBuilder:
       body = self.gather_node(out)
     else:
       self.row_reduce = self.scheduler.row_reduce_of(out)
-      body = KernelNode(out.op, tuple(self.build(s, None) for s in out.srcs), out.arg, out.dtype)
+      body = _alu_node(out, tuple(self.build(s, None) for s in out.srcs), None)
     out_shape = out.shape
     if self.fused_reduce is not None and self.fused_reduce is not out and self.fused_reduce is not self.row_reduce:
       # the consumer of a fused reduce runs in the reduce's output space
@@ -435,7 +438,7 @@ class _KernelBuilder:
     self.scheduler.inlined.add(base)
     srcs = tuple(self.build(s, st) for s in base.srcs)   # inline
     if base.op is LoadOps.CONTIGUOUS: return srcs[0]
-    return KernelNode(base.op, srcs, base.arg, base.dtype)
+    return _alu_node(base, srcs, st)
 
   def _row_value(self, st: ShapeTracker, base: LazyBuffer) -> bool:
     """`base` is a per-row value on the way to this kernel's row reduce, read once per row element."""
@@ -445,6 +448,22 @@ class _KernelBuilder:
     """`st` reads base (shaped like the row reduce's output) once per element of this kernel's rows."""
     return self.row_reduce is not None and base.shape == self.row_reduce.shape and \
       st == ShapeTracker.from_shape(base.shape).expand(self.output.shape)
+
+
+# composite ops: one node of the lazy graph (cheap to record and to key), expanded into primitive kernel nodes
+# here, from (its sources' nodes, the view its constants are read through)
+EXPANSIONS: dict[Op, Callable[[tuple[KernelNode, ...], ShapeTracker], KernelNode]] = {
+  UnaryOps.ERF: lambda srcs, const_view: erf_node(srcs[0], const_view),
+}
+
+
+def _alu_node(base: LazyBuffer, srcs: tuple[KernelNode, ...], outer: ShapeTracker | None) -> KernelNode:
+  """The node of elementwise `base` over its sources' nodes, read at the kernel's index through `outer`."""
+  expand = EXPANSIONS.get(base.op)
+  if expand is None: return KernelNode(base.op, srcs, base.arg, base.dtype)
+  # constants read as one of base's own sources would be: a zero-stride view of base's shape, then outer
+  const_view = broadcast_tracker(base.shape)
+  return expand(srcs, const_view if outer is None else const_view + outer)
 
 
 def _row_reduce_fits(reduce: LazyBuffer, shape: tuple[int, ...]) -> bool:

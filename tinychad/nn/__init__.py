@@ -202,9 +202,7 @@ class LayerNorm(Module):
     n = len(self.normalized_shape)
     if x.shape[-n:] != self.normalized_shape:
       raise ValueError(f"LayerNorm: input {tuple(x.shape)} does not end in normalized_shape {self.normalized_shape}")
-    x = x.layernorm(tuple(range(-n, 0)), self.eps)
-    if self.weight is not None: x = x * self.weight
-    return x + self.bias if self.bias is not None else x
+    return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
 
 
 class GroupNorm(Module):

@@ -483,7 +483,12 @@ def attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None = None, 
 # ---- PyTorch's functional names (torch.nn.functional) for the Tensor methods ----
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
   """PyTorch's linear: x @ weight.T + bias, weight (out_features, in_features) (Tensor.linear is tinygrad's (in, out))."""
-  out = x.matmul(weight.T if weight.ndim > 1 else weight)   # a 1-d weight is a dot product, as torch's
+  params = (weight,) if bias is None else (weight, bias)
+  if weight.ndim == 2 and x.ndim >= 1 and x.shape[-1] == weight.shape[1] and x.dtype != dtypes.bool and \
+     all(p.dtype == x.dtype and p.device == x.device for p in params) and (bias is None or bias.shape == weight.shape[:1]):
+    return F.Linear.apply(x, *params)
+  # the rest (a 1-d weight, a dot product as torch's; mixed dtypes; bad shapes) as the ops it is made of
+  out = x.matmul(weight.T if weight.ndim > 1 else weight)
   return out + bias if bias is not None else out
 
 
@@ -530,13 +535,21 @@ def cosine_similarity(x1: Tensor, x2: Tensor, dim: int = 1, eps: float = 1e-8) -
 
 
 def layer_norm(x: Tensor, normalized_shape, weight: Tensor | None = None, bias: Tensor | None = None, eps: float = 1e-5) -> Tensor:
+  """Normalise over the trailing normalized_shape, then times weight and plus bias: one autograd op
+  (function.LayerNorm), computed in the dtype all three promote to."""
   shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
   if x.shape[x.ndim - len(shape):] != shape or len(shape) > x.ndim:
     raise ValueError(f"layer_norm: normalized_shape {shape} doesn't match the last dims of input {_shape_str(x.shape)} ({x.dtype})")
-  n = len(shape)
-  out = x.layernorm(tuple(range(-n, 0)), eps)
-  if weight is not None: out = out * weight
-  return out + bias if bias is not None else out
+  params = [p for p in (weight, bias) if p is not None]
+  for p in params:
+    if p.shape != shape or p.device != x.device:
+      raise ValueError(f"layer_norm: weight and bias must be of shape {shape} on {x.device}, got {_shape_str(p.shape)} "
+                       f"({p.dtype}) on {p.device} for input {_shape_str(x.shape)} ({x.dtype})")
+  x = x._float()
+  dtype = promote_types(x.dtype, *(p.dtype for p in params))
+  axes = tuple(range(x.ndim - len(shape), x.ndim))
+  return F.LayerNorm.apply(x.cast(dtype), *(p.cast(dtype) for p in params), axes=axes, eps=eps,
+                           affine=(weight is not None, bias is not None))
 
 
 def embedding(idx: Tensor, weight: Tensor) -> Tensor:
