@@ -338,7 +338,8 @@ class LayerNorm(Function):
     self.axes, self.count = axes, math.prod(x.shape[a] for a in axes)
     centered = x.e(BinaryOps.SUB, self._mean(x).expand(x.shape))
     variance = self._mean(centered.e(BinaryOps.MUL, centered))
-    self.inv_std = variance.e(BinaryOps.ADD, variance.const_like(eps)).e(UnaryOps.SQRT).e(UnaryOps.RECIP).expand(x.shape)
+    eps_operand = LazyBuffer.operand(float(eps), variance.shape, variance.dtype, variance.device)
+    self.inv_std = variance.e(BinaryOps.ADD, eps_operand).e(UnaryOps.SQRT).e(UnaryOps.RECIP).expand(x.shape)
     self.normalized = out = centered.e(BinaryOps.MUL, self.inv_std)
     self.weight = self.bias = None
     if affine[0]: self.weight, params = _trailing(params[0], x.shape), params[1:]
@@ -365,7 +366,7 @@ class LayerNorm(Function):
   def _mean(self, x: LazyBuffer) -> LazyBuffer:
     """x's mean over the axes, kept as size 1 (a sum divided by the count, as Tensor.mean)."""
     total = x.r(ReduceOps.SUM, self.axes)
-    return total.e(BinaryOps.DIV, total.const_like(self.count))
+    return total.e(BinaryOps.DIV, LazyBuffer.operand(float(self.count), total.shape, total.dtype, total.device))
 
 
 def _trailing(param: LazyBuffer, shape: tuple[int, ...]) -> LazyBuffer:
@@ -387,8 +388,10 @@ class Matmul(Function):
   Function rather than the eight movement and arithmetic ops it records: a matmul is recorded often
   enough that their Python (~20 us a call) is worth saving. Integers are summed as int64 and cast back to
   their own dtype, which wraps as PyTorch's integer matmul does (sums modulo 2^bits agree either way)."""
-  def forward(self, x: LazyBuffer, w: LazyBuffer) -> LazyBuffer:
-    out, self.rows, self.columns, self.lead, self.full = _matmul(x, w)
+  def forward(self, x: LazyBuffer, w: LazyBuffer, transposed: bool = False) -> LazyBuffer:
+    """transposed: w is given as (..., m, k), and gets its gradient so (Linear's weight)."""
+    self.transposed = transposed
+    out, self.rows, self.columns, self.lead, self.full = _matmul(x, w, transposed)
     return out
 
   def backward(self, grad: LazyBuffer):
@@ -403,7 +406,8 @@ class Matmul(Function):
     if self.needs_input_grad[0]:
       grad_x = self.columns.e(BinaryOps.MUL, spread).r(ReduceOps.SUM, (m_axis,)).reshape(self.lead + (n, k))
     if self.needs_input_grad[1]:
-      grad_w = _swap_last(self.rows.e(BinaryOps.MUL, spread).r(ReduceOps.SUM, (n_axis,)).reshape(self.lead + (m, k)))
+      grad_w = self.rows.e(BinaryOps.MUL, spread).r(ReduceOps.SUM, (n_axis,)).reshape(self.lead + (m, k))
+      if not self.transposed: grad_w = _swap_last(grad_w)
     return grad_x, grad_w
 
 
@@ -413,25 +417,27 @@ class Linear(Matmul):
   add) a layer records otherwise: the same lazy graph, one Python call."""
   def forward(self, x: LazyBuffer, weight: LazyBuffer, *bias: LazyBuffer) -> LazyBuffer:
     self.input_shape, self.has_bias, k, m = x.shape, bool(bias), x.shape[-1], weight.shape[0]
-    out = super().forward(x.reshape((math.prod(x.shape[:-1]), k)), _swap_last(weight))
+    out = super().forward(x.reshape((math.prod(x.shape[:-1]), k)), weight, transposed=True)
     if bias: out = out.e(BinaryOps.ADD, bias[0].reshape((1, m)).expand(out.shape))
     return out.reshape(x.shape[:-1] + (m,))
 
   def backward(self, grad: LazyBuffer):
     rows = grad.reshape((math.prod(grad.shape[:-1]), grad.shape[-1]))
     grad_x, grad_w = super().backward(rows)
-    grads = (grad_x.reshape(self.input_shape) if grad_x is not None else None, _swap_last(grad_w) if grad_w is not None else None)
+    grads = (grad_x.reshape(self.input_shape) if grad_x is not None else None, grad_w)
     if not self.has_bias: return grads
     return grads + (rows.r(ReduceOps.SUM, (0,)).reshape(rows.shape[1:]) if self.needs_input_grad[2] else None,)
 
 
-def _matmul(x: LazyBuffer, w: LazyBuffer):
-  """x @ w (see Matmul), with the broadcast views it multiplied and their shapes: (out, rows, columns, lead, full)."""
+def _matmul(x: LazyBuffer, w: LazyBuffer, transposed: bool = False):
+  """x @ w (see Matmul), or x @ w^T if `transposed`, with the broadcast views it multiplied and their shapes:
+  (out, rows, columns, lead, full)."""
   *batch, n, k = x.shape
-  m, lead = w.shape[-1], tuple(batch)
+  columns = w if transposed else _swap_last(w)
+  m, lead = columns.shape[-2], tuple(batch)
   full = lead + (n, m, k)
   rows = x.reshape(lead + (n, 1, k)).expand(full)
-  columns = _swap_last(w).reshape(lead + (1, m, k)).expand(full)
+  columns = columns.reshape(lead + (1, m, k)).expand(full)
   product = rows.e(BinaryOps.MUL, columns)
   if product.dtype.is_float: out = product.r(ReduceOps.SUM, (len(full) - 1,))
   else: out = product.cast(dtypes.int64).r(ReduceOps.SUM, (len(full) - 1,)).cast(x.dtype)
