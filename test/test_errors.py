@@ -186,11 +186,13 @@ def test_empty_reductions_name_their_op():
 
 
 def test_one_hot_and_layer_norm_bad_input():
+  from tinychad import nn
   from tinychad.nn import functional as F
   with raises(ValueError, "one_hot", "-1", "[0, 3)"): Tensor([-1, 2]).one_hot(3)
   with raises(ValueError, "one_hot", "5", "[0, 3)"): Tensor([5, 2]).one_hot(3)
   with raises(ValueError, "layer_norm", "(4,)", "(2, 3)"): F.layer_norm(Tensor.ones(2, 3), (4,))
   with raises(ValueError, "layer_norm", "(2, 2, 3)"): F.layer_norm(Tensor.ones(2, 3), (2, 2, 3))
+  with raises(ValueError, "layer_norm", "(4,)", "(2, 3)"): nn.LayerNorm(4)(Tensor.ones(2, 3))
 
 
 def test_new_ops_bad_input():

@@ -198,11 +198,7 @@ class LayerNorm(Module):
     self.weight = Parameter(Tensor.ones(*self.normalized_shape)) if elementwise_affine else None
     self.bias = Parameter(Tensor.zeros(*self.normalized_shape)) if elementwise_affine and bias else None
 
-  def forward(self, x: Tensor) -> Tensor:
-    n = len(self.normalized_shape)
-    if x.shape[-n:] != self.normalized_shape:
-      raise ValueError(f"LayerNorm: input {tuple(x.shape)} does not end in normalized_shape {self.normalized_shape}")
-    return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
+  def forward(self, x: Tensor) -> Tensor: return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
 
 
 class GroupNorm(Module):
