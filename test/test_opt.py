@@ -20,7 +20,7 @@ from tinychad.dtype import dtypes
 from tinychad.codegen.pack import PACK_MIN_STRIDE_BYTES
 from tinychad.engine.schedule import create_schedule
 from tinychad.host import cpu_tuning, target_simd_bytes
-from tinychad.ops import BinaryOps, BufferOps
+from tinychad.ops import BinaryOps, BufferOps, TernaryOps
 from tinychad.runtime import threads
 from tinychad.renderer.cstyle import render_c
 from tinychad.renderer.llvmir import render_llvm
@@ -135,6 +135,29 @@ def test_transpose_moves_a_block_per_step(monkeypatch):
   assert len(stores) == (TRANSPOSE_LINE_BYTES // 4) * TRANSPOSE_STORE_LANES
   monkeypatch.setenv("NOOPT", "1")
   assert sum(1 for u in linearize(item.ast, item.name).uops if u.op is UOps.STORE) == 1
+
+
+def _stacked_with_broadcast(a, b, c):
+  # (16, 2, 64): slot 0 from a, slot 1 from b (each read through a mask along the slot axis), plus c read
+  # along every slot (stride 0 there, so the slot axis can't merge with the next one)
+  return Tensor.stack([a.exp(), b * 2], dim=1) + c.unsqueeze(1)
+
+
+def test_masked_slots(mode):
+  a, b, c = (rng.standard_normal((16, 64), dtype=np.float32) for _ in range(3))
+  _check(_stacked_with_broadcast, a, b, c)
+  _check(lambda x: x.pad(((0, 0), (1, 2))).reshape(16, 67, 1).expand(16, 67, 8) * x.sum(1).reshape(16, 1, 1), a[:, :64])
+
+
+def test_masked_slot_axis_is_unrolled_and_its_masks_fold(monkeypatch):
+  # the slot axis is unrolled whole: each copy knows which input is valid, so no select or comparison is left
+  monkeypatch.setenv("NOOPT", "0")
+  a, b, c = (Tensor.rand(16, 64, device="NUMPY") for _ in range(3))
+  (item,) = [it for it in create_schedule([(Tensor.stack([a, b], dim=1) + c.unsqueeze(1)).lazydata]) if it.is_kernel]
+  def selects(uops): return sum(1 for u in uops if u.op is UOps.ALU and u.arg in (TernaryOps.WHERE, BinaryOps.CMPLT))
+  assert selects(linearize(item.ast, item.name).uops) == 0
+  monkeypatch.setenv("NOOPT", "1")
+  assert selects(linearize(item.ast, item.name).uops) > 0
 
 
 def test_max_keeps_nan(mode):

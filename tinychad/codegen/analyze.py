@@ -116,6 +116,18 @@ def _strides(node: KernelNode, view: View, dims: Dims, below: bool) -> tuple[int
   return tuple(out)
 
 
+def _masked(node: KernelNode, view: View, dims: Dims) -> tuple[bool, ...]:
+  """Per dim, whether the leaf's validity changes along it: a padded or concatenated input read through a mask."""
+  if node.op is BufferOps.GATHER: return (False,) * len(dims)
+  if len(node.arg[1].views) == 1:
+    if view.mask is None: return (False,) * len(dims)
+    return tuple(bounds != (0, size) for bounds, (size, _) in zip(view.mask, dims))
+  st = ShapeTracker(node.arg[1].views[:-1] + (view,))
+  _, valid = st.expr_idxs([Var(f"d{i}", 0, size - 1) if size > 1 else Num(0) for i, (size, _) in enumerate(dims)])
+  names = set() if valid is None else {v.name for v in to_node(valid).vars()}
+  return tuple(f"d{i}" in names for i in range(len(dims)))
+
+
 def analyze(ast: KernelNode) -> Kernel:
   """The kernel's facts: simplified dims, leaves and their views, and how each leaf is accessed."""
   nodes = ast.walk()
@@ -127,7 +139,8 @@ def analyze(ast: KernelNode) -> Kernel:
   leaves = [n for n in nodes if n.op in LEAF_OPS] + [ast]
   dims, views = simplify_dims(full_shape, reduce_axes, [_top(n.arg[1]) for n in leaves])
   access = [LeafAccess(_strides(n, v, dims, id(n) in below), n.op in (BufferOps.LOAD, BufferOps.GATHER), n is ast,
-                        id(n) in below, n.dtype.itemsize, n.op is BufferOps.GATHER) for n, v in zip(leaves, views)]
+                        id(n) in below, n.dtype.itemsize, n.op is BufferOps.GATHER, _masked(n, v, dims))
+            for n, v in zip(leaves, views)]
   dtypes_used = {n.dtype for n in nodes} | {n.arg for n in nodes if n.op is UnaryOps.CAST}
   # a row reduce (engine/schedule.py): the output spans the reduce axes, so after the reduce loop
   # closes, the kernel loops over them again to compute and store every element of the row

@@ -93,6 +93,10 @@ def _lower(ctx: Context, node: KernelNode, lane: Lane, at: Place, made: dict[Ker
   emit = ctx.out.emit
   srcs = tuple(made[s] for s in node.srcs)
   vec = max(s.vec for s in srcs)
+  if node.op is TernaryOps.WHERE and srcs[0].op is UOps.CONST:
+    # a condition known here (a mask of an unrolled lane, opt._unroll_masked) picks its branch
+    picked = srcs[1] if srcs[0].arg else srcs[2]
+    if picked.vec == vec: return picked
   if node.op in (UnaryOps.CAST, UnaryOps.BITCAST): return emit(UOps.ALU, node.arg, srcs, node.op, vec=vec)
   if node.op in _FLOAT_ONLY and not node.dtype.is_float:
     x = emit(UOps.ALU, dtypes.float64, srcs, UnaryOps.CAST, vec=vec)
