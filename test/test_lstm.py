@@ -138,3 +138,27 @@ def test_a_training_step_schedules_a_few_kernels_per_time_step():
   assert long - short == 8 * (14 - 6), (short, long)
   assert short <= 8 * 6 + 100, short   # embedding, head, loss and Adam on 11 parameters: ~95 kernels
   assert kernels_of_a_training_step(64) <= 8 * 64 + 100 + 4 * 9, "stacking 65 steps: groups of 9"
+
+
+def recorded_of_a_training_step(steps: int, monkeypatch) -> int:
+  """LazyBuffers a training step records once its graph was scheduled before (the third step: the first two make
+  Adam's state)."""
+  from tinychad.lazy import LazyBuffer
+  _, train_step = make_training(steps)
+  for _ in range(3): train_step()
+  made = [0]
+  init = LazyBuffer.__init__
+  def counting(self, *args, **kwargs):
+    made[0] += 1
+    init(self, *args, **kwargs)
+  with monkeypatch.context() as patch:
+    patch.setattr(LazyBuffer, "__init__", counting)
+    train_step()
+  return made[0]
+
+
+def test_a_training_step_records_the_same_few_ops_for_any_sequence_length(monkeypatch):
+  """Each layer's recurrence is one node forward and one backward (LazyBuffer.subgraph), so the ops a step records
+  don't grow with the sequence: the time steps' thousands are recorded only when the graph is scheduled anew."""
+  short, long = recorded_of_a_training_step(6, monkeypatch), recorded_of_a_training_step(40, monkeypatch)
+  assert short == long and short < 800, (short, long)

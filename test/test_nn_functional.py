@@ -251,6 +251,10 @@ def test_cross_entropy_ignore_index(reduction, label_smoothing):
   target = np.array([1, 2, 3, 2, 0])
   compare([(5, 4), target], lambda x, t: TF.cross_entropy(x, t, reduction=reduction, ignore_index=2, label_smoothing=label_smoothing),
           lambda x, t: x.cross_entropy(t, reduction=reduction, ignore_index=2, label_smoothing=label_smoothing))
+  # an ignore_index beyond int32 (the one-hot then compares in int64: in int32 it would be class 1)
+  target, ignore = np.array([1, 2**32 + 1, 3, 2, 0]), 2**32 + 1
+  compare([(5, 4), target], lambda x, t: TF.cross_entropy(x, t, reduction=reduction, ignore_index=ignore, label_smoothing=label_smoothing),
+          lambda x, t: x.cross_entropy(t, reduction=reduction, ignore_index=ignore, label_smoothing=label_smoothing))
 
 
 @pytest.mark.parametrize("reduction", REDUCTIONS)

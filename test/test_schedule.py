@@ -7,7 +7,9 @@ import pytest
 from tinychad import Tensor, GlobalCounters
 from tinychad.engine import schedule
 from tinychad.engine.schedule import MAX_FUSED_DEPTH
-from tinychad.ops import ReduceOps, TernaryOps, UnaryOps
+from tinychad.function import cat
+from tinychad.lazy import LazyBuffer
+from tinychad.ops import BinaryOps, LoadOps, ReduceOps, TernaryOps, UnaryOps
 
 
 def kernels(*tensors: Tensor) -> int:
@@ -184,6 +186,43 @@ def test_erf_is_one_recorded_op_expanded_in_its_kernel():
   assert UnaryOps.ERF not in ops and ops.count(TernaryOps.WHERE) == 3
   torch = __import__("torch")
   np.testing.assert_allclose(out.numpy(), torch.erf(torch.tensor(x.numpy()) * 2).numpy(), rtol=1e-6, atol=1e-7)
+
+
+_built: list[tuple[int, ...]] = []
+
+
+def _running_sums(srcs: tuple[LazyBuffer, ...], steps: int) -> LazyBuffer:
+  # a loop that records an op per step: x_t = x_(t-1) + a[t] (a cat of every x_t), built only on a miss
+  (a,) = srcs
+  _built.append(a.shape)
+  xs, x = [], None
+  for t in range(steps):
+    row = a.shrink(((t, t + 1), (0, a.shape[1])))
+    x = row if x is None else x.e(BinaryOps.ADD, row)
+    xs.append(x)
+  return cat(xs, 0)
+
+
+def _wrong_shape(srcs: tuple[LazyBuffer, ...]) -> LazyBuffer: return srcs[0].reshape((srcs[0].size,))
+
+
+def test_subgraph_is_one_node_built_only_when_scheduled_anew():
+  """A SUBGRAPH node (LazyBuffer.subgraph: an LSTM's time steps) is recorded and keyed as one node, and its builder
+  records the graph only when the schedule cache has no schedule for the graph it is in."""
+  _built.clear()
+  def running(values: np.ndarray) -> Tensor:
+    a = Tensor(values).lazydata
+    return Tensor(LazyBuffer.subgraph((a,), _running_sums, (5,), (5, 3), a.dtype))
+  values = np.arange(15, dtype=np.float32).reshape(5, 3)
+  first = running(values)
+  assert first.lazydata.op is LoadOps.SUBGRAPH
+  np.testing.assert_array_equal(first.numpy(), np.cumsum(values, 0))
+  again = running(values * 2)
+  np.testing.assert_array_equal((again * 1).numpy(), np.cumsum(values * 2, 0) * 1)
+  np.testing.assert_array_equal(running(values + 1).numpy(), np.cumsum(values + 1, 0))
+  assert len(_built) == 2, "built again for a graph scheduled before"   # the first graph, and again * 1's
+  bad = Tensor(LazyBuffer.subgraph((Tensor(values).lazydata,), _wrong_shape, (), (5, 3), first.dtype))
+  with pytest.raises(RuntimeError, match="_wrong_shape built"): bad.realize()
 
 
 def test_erf_gradient_is_exact_in_float64():

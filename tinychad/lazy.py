@@ -184,6 +184,16 @@ class LazyBuffer:
     return LazyBuffer(self.device, ShapeTracker.from_shape((size,)), self.dtype, LoadOps.ATTENTION, arg,
                       tuple(x.contiguous() for x in (self,) + srcs))
 
+  @staticmethod
+  def subgraph(srcs: tuple[LazyBuffer, ...], build, params: tuple, shape: tuple[int, ...], dtype: DType) -> LazyBuffer:
+    """One node standing for the graph that `build(srcs, *params)` records (a LazyBuffer of `shape` and `dtype`, read
+    by nothing else): a loop that records thousands of ops (an LSTM's time steps) costs one node to record and to
+    key, and its graph is built only when the scheduler meets the node in a graph it hasn't scheduled before. So
+    `build` must be a module-level function (the schedule cache keys it by identity) whose graph depends on its
+    sources' shapes, dtypes and views and on `params` alone."""
+    return LazyBuffer(srcs[0].device, ShapeTracker.from_shape(tuple(shape)), dtype, LoadOps.SUBGRAPH, (build, tuple(params)),
+                      tuple(srcs))
+
   def copy_to_device(self, device: str) -> LazyBuffer:
     if device == self.device: return self
     src = self.contiguous()

@@ -88,6 +88,8 @@ class LoadOps(_OpEnum):
   SCATTER_ADD = auto() # a gather's gradient: srcs = (rows (n, row...), indices (n,)), arg = table rows; out[r, j...] = the
                        # sum of rows[i, j...] over every i with indices[i] == r (an index outside the table adds nothing)
   ATTENTION = auto()   # a flash-attention kernel (forward or a gradient): srcs, output and arg as AttentionArg says
+  SUBGRAPH = auto()    # a part of the graph recorded as one node: arg = (build, params); the scheduler replaces it by
+                       # build(srcs, *params) (a LazyBuffer of its shape and dtype) when it schedules the graph anew
 
 
 class BufferOps(_OpEnum):

@@ -9,6 +9,8 @@ computed already is read from its buffer):
   - output: a base to realize is stored;
   - const: a constant is no buffer: each kernel that reads it has it inline;
   - load_op: a load op (COPY, EMPTY, CONTIGUOUS, GATHER, SCATTER_ADD, ATTENTION) is its own kernel;
+  - padded: a base read through a view that pads (a cat's piece) is loaded by that reader (see pads_or_expands
+    below), so it is computed in a kernel of its own, and what it reads is decided knowing that;
   - read_once: a base read once (one edge of the graph) is inlined into its reader's kernel (how: the
     read rules below);
   - one_kernel: a base whose every read lands in one kernel (gelu's input, read by x * 0.5 and by erf) is
@@ -34,6 +36,9 @@ How a kernel reads a base it reaches (_KernelBuilder._build), in order:
   - pads_or_expands: a view that pads (padding reads zeros, which the op may not map to zero) or
     expands (a matmul operand would be recomputed for every reuse) loads the base (forced);
   - inline: anything else is inlined, its views composed with the reader's (no copy).
+Subgraphs (LoadOps.SUBGRAPH, an LSTM's time steps) are built first (expand_subgraphs): each such node takes the op and
+sources of the graph its builder records, so the rules and kernels see ordinary ops. A graph scheduled before never
+gets here (schedule_cache.py), so the nodes of its subgraphs are recorded only once.
 Composite ops (EXPANSIONS: erf) are one base to the rules, too many ops to recompute, and become their
 primitive nodes when a kernel tree is built (_alu_node).
 Row reduce (row_reduce_of): a reduce over the innermost axes (a row of at most ROW_REDUCE_MAX_ELEMENTS)
@@ -161,6 +166,7 @@ def _kernel_info(ast: KernelNode, out_shape: tuple[int, ...]) -> tuple[str, tupl
 def _output(s: _Scheduler, base: LazyBuffer) -> bool: return base in s.targets
 def _const(s: _Scheduler, base: LazyBuffer) -> bool: return base.op is LoadOps.CONST
 def _load_op(s: _Scheduler, base: LazyBuffer) -> bool: return isinstance(base.op, LoadOps)
+def _padded(s: _Scheduler, base: LazyBuffer) -> bool: return any(st.has_mask for _, st in s.readers.get(base, ()))
 def _read_once(s: _Scheduler, base: LazyBuffer) -> bool: return s.uses.get(base, 0) <= 1
 def _one_kernel(s: _Scheduler, base: LazyBuffer) -> bool: return s.owner[base] is not None
 def _cheap(s: _Scheduler, base: LazyBuffer) -> bool: return s.recompute_ops[base] <= CHEAP_OPS
@@ -172,6 +178,7 @@ REALIZE_RULES: tuple[tuple[str, Callable[[_Scheduler, LazyBuffer], bool], bool],
   ("output", _output, True),
   ("const", _const, False),
   ("load_op", _load_op, True),
+  ("padded", _padded, True),
   ("read_once", _read_once, False),
   ("one_kernel", _one_kernel, False),
   ("cheap", _cheap, False),
@@ -184,8 +191,26 @@ def _sources_to_compute(base: LazyBuffer) -> list[LazyBuffer]:
   return [b for src in base.srcs if (b := src.base).realized is None]
 
 
+def expand_subgraphs(outs: list[LazyBuffer]) -> None:
+  """Each SUBGRAPH base under `outs` becomes the graph its builder records (LazyBuffer.subgraph): the base takes the
+  op, argument and sources of the built graph's output, so what reads the node reads that graph (a copy of it where
+  the output is a view or a constant). A built graph may hold SUBGRAPH nodes of its own: they are built next."""
+  while True:
+    roots = [o.base for o in outs if o.base.realized is None]
+    pending = [base for base in toposort(roots, _sources_to_compute) if base.op is LoadOps.SUBGRAPH]
+    if not pending: return
+    for base in pending:
+      build, params = base.arg
+      out = build(base.srcs, *params)
+      if out.shape != base.shape or out.dtype != base.dtype:
+        raise RuntimeError(f"{build.__name__} built {out.shape} {out.dtype.name} for a node of {base.shape} {base.dtype.name}")
+      if out._base is None and out.realized is None and out.op is not LoadOps.CONST: base.op, base.arg, base.srcs = out.op, out.arg, out.srcs
+      else: base.op, base.arg, base.srcs = LoadOps.CONTIGUOUS, None, (out,)
+
+
 class _Scheduler:
   def __init__(self, outs: list[LazyBuffer]):
+    expand_subgraphs(outs)
     self.targets = {o.base for o in outs}
     self.items: list[ScheduleItem] = []
     self.scheduled: set[LazyBuffer] = set()

@@ -273,9 +273,12 @@ def _reduce(loss: Tensor, reduction: str, op: str) -> Tensor:
   raise ValueError(f"{op}: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
 
 
-def _class_mask(target: Tensor, classes: int, ndim: int) -> Tensor:
-  """One-hot of class indices along dim 1: (N, *rest) -> (N, C, *rest) bool."""
-  arange = Tensor.arange(classes, device=target.device).reshape((1, classes) + (1,) * (ndim - 2))
+def _class_mask(target: Tensor, classes: int, ndim: int, ignore_index: int) -> Tensor:
+  """One-hot of class indices along dim 1: (N, *rest) -> (N, C, *rest) bool. The target's values are checked already
+  (each a class or ignore_index): where those fit int32, the comparison runs in int32, whose SIMD lanes are twice
+  as many as int64's, over the (N, C) mask that a language model's loss computes forward and backward."""
+  arange = Tensor.arange(classes, device=target.device, dtype=dtypes.int32).reshape((1, classes) + (1,) * (ndim - 2))
+  if target.dtype.itemsize > 4 and -2**31 <= ignore_index < 2**31 and classes <= 2**31: target = target.cast(dtypes.int32)
   return target.unsqueeze(1) == arange
 
 
@@ -291,7 +294,7 @@ def nll_loss(logp: Tensor, target: Tensor, reduction: str = "mean", ignore_index
   classes = logp.shape[1]
   if (bad := out_of_bounds(target, classes, ignore=ignore_index)) is not None:
     raise IndexError(f"nll_loss: target {bad} is out of bounds for {classes} classes")
-  mask = _class_mask(target, classes, logp.ndim)
+  mask = _class_mask(target, classes, logp.ndim, ignore_index)
   picked = -mask.where(logp, 0).sum(1)
   keep = (target != ignore_index).cast(logp.dtype)
   weights = keep if weight is None else mask.where(weight.reshape((1, classes) + (1,) * (logp.ndim - 2)), 0).sum(1) * keep

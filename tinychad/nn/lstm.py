@@ -6,19 +6,21 @@ Each layer runs as:
   - the input projection of every time step at once: one matmul (x @ W_ih^T + b_ih + b_hh) over L*N rows,
     recorded as ordinary Tensor ops, so autograd gives W_ih, the biases and x their gradients in one
     matmul each;
-  - the recurrence, one autograd Function (LSTMRecurrence) that records LazyBuffer ops itself, so each
-    time step is two kernels forward and two backward (counted by test/test_lstm.py):
+  - the recurrence, one autograd Function (LSTMRecurrence) whose forward and backward are one node each in the
+    lazy graph (LazyBuffer.subgraph): a training loop records a few ops per layer, not thousands, and the
+    scheduler builds the time steps' ops (_forward_graph, _backward_graph) only for a graph it hasn't seen.
+    Each time step is two kernels forward and two backward (counted by test/test_lstm.py):
       forward  1. gates = xproj[t] + h @ W_hh^T, activated in the matmul's kernel: the four gates go
                   through one formula, m * sigmoid(m * z) - (m - 1) with m = 2 on the cell gate g
                   (tanh(z) = 2 sigmoid(2z) - 1) and 1 on i, f, o, so the reduce's consumer is one
                   elementwise expression;
-               2. c' = f * c + i * g and h' = o * tanh(c') in one kernel writing (N, 2, H): both states
-                  side by side, c at [:, 0], h at [:, 1];
+               2. c' = f * c + i * g and h' = o * tanh(c') in one kernel writing the step's state (N, SLOTS, H):
+                  c at [:, 0], h at [:, 1], and the activations i, f, g, o at [:, 2:] (the backward pass reads them);
       backward 1. dh = dout[t] + dgates[t+1] @ W_hh (a matmul with the incoming gradient in its kernel);
                2. dc and the four gates' gradients in one kernel writing (N, 5, H): the gates'
                   pre-activation gradients at [:, :4], dc at [:, 4];
     then W_hh's gradient is one matmul over all steps' gate gradients and previous h.
-The states of every step are stacked into (L+1, N, 2, H) (index 0: the initial state): the Function's
+The states of every step are stacked into (L+1, N, SLOTS, H) (index 0: the initial state): the Function's
 one output, from which the outputs and (h_n, c_n) are views.
 """
 from __future__ import annotations
@@ -84,73 +86,102 @@ def _one_slot(like: LazyBuffer, index: int, size: int, value: float | bool) -> L
   return LazyBuffer.full(value, (n, 1, hidden), dtype, like.device).pad(((0, 0), (index, size - index - 1), (0, 0)))
 
 
+SLOTS = 6   # a step's state (N, SLOTS, H): c, h, then the gate activations i, f, g, o the backward pass reads
+
+
+def _forward_graph(srcs: tuple[LazyBuffer, ...], steps: int, n: int, hidden: int) -> LazyBuffer:
+  """The recurrence's forward graph (LazyBuffer.subgraph builds it): xproj (L, N, 4H), h0 and c0 (N, H), w_hh (4H, H)
+  -> every step's state stacked, (L+1, N, SLOTS, H), step 0 the initial state (its activations zero)."""
+  xproj, h0, c0, w_hh = srcs
+  gates = 4 * hidden
+  const = _Constants()
+  # m - 1 of the module docstring: 1 on the g gate's quarter of the gate axis, 0 elsewhere
+  g_quarter = LazyBuffer.full(1.0, (n, hidden), xproj.dtype, xproj.device).pad(((0, 0), (2 * hidden, hidden)))
+  m = _add(g_quarter, const(1, g_quarter))
+  state = cat([c0.reshape((n, 1, hidden)), h0.reshape((n, 1, hidden))], 1).pad(((0, 0), (0, SLOTS - 2), (0, 0)))
+  is_c, is_h = _one_slot(state, 0, SLOTS, True), _one_slot(state, 1, SLOTS, True)
+  # W_hh^T stored once per forward (H, 4H): each step's matmul then reads its rows of gate columns
+  # contiguously and keeps whole vectors of gates as accumulators; read through w_hh's own (4H, H) layout,
+  # its kernel summed each gate across vector lanes (batch 16, hidden 256: 241 -> 91 us a step)
+  w_rows = w_hh.permute((1, 0)).contiguous().permute((1, 0))
+  states = [state]
+  for t in range(steps):
+    h = state.shrink(((0, n), (1, 2), (0, hidden))).reshape((n, hidden))
+    z = _add(xproj.shrink(((t, t + 1), (0, n), (0, gates))).reshape((n, gates)), _matmul_t(h, w_rows))
+    act = _sub(_mul(m, _sigmoid(_mul(m, z), const)), g_quarter).reshape((n, 4, hidden))
+    c = _add(_mul(_slot(act, 1, SLOTS), _slot(state, 0, SLOTS)), _mul(_slot(act, 0, SLOTS), _slot(act, 2, SLOTS)))
+    h = _mul(_slot(act, 3, SLOTS), _tanh(c, const))
+    state = _where(is_c, c, _where(is_h, h, act.pad(((0, 0), (2, 0), (0, 0)))))
+    states.append(state)
+  return cat([s.reshape((1, n, SLOTS, hidden)) for s in states], 0)
+
+
+def _backward_graph(srcs: tuple[LazyBuffer, ...], steps: int, n: int, hidden: int) -> LazyBuffer:
+  """The recurrence's backward graph: the gradient of the stacked states and the states themselves (L+1, N, SLOTS, H),
+  and w_hh -> per step t = 1..L (L, N, 5, H): the gates' pre-activation gradients at [:, :, :4], dc_t at [:, :, 4]."""
+  grad, stacked, w_hh = srcs
+  w_hh_t = w_hh.permute((1, 0))
+  const = _Constants()
+  def step(t: int, index: tuple[int, int]) -> LazyBuffer:
+    return stacked.shrink(((t, t + 1), (0, n), index, (0, hidden))).reshape((n, index[1] - index[0], hidden))
+  states = [step(t, (0, SLOTS)) for t in range(steps + 1)]
+  acts = [step(t, (2, SLOTS)) for t in range(1, steps + 1)]
+  dstate = [grad.shrink(((t, t + 1), (0, n), (0, 2), (0, hidden))).reshape((n, 2, hidden)) for t in range(steps + 1)]
+  like = states[0].shrink(((0, n), (0, 1), (0, hidden))).expand((n, 5, hidden))   # the (N, 5, H) constants' template
+  slot = [_one_slot(like, k, 5, True) for k in range(5)]
+  m = _add(_one_slot(like, 2, 5, 1.0), const(1, like))
+  derivative_scale = _mul(m, m)
+  dgcs: list[LazyBuffer] = []
+  dgc: LazyBuffer | None = None    # the later step's (N, 5, H): its gates' gradients and dc
+  for t in range(steps, 0, -1):
+    act, state = acts[t - 1], states[t]
+    dh = dstate[t].shrink(((0, n), (1, 2), (0, hidden))).reshape((n, hidden))
+    if dgc is not None: dh = _add(dh, _matmul_t(dgc.shrink(((0, n), (0, 4), (0, hidden))).reshape((n, 4 * hidden)), w_hh_t))
+    dh5 = dh.reshape((n, 1, hidden)).expand((n, 5, hidden))
+    tanh_c = _tanh(_slot(state, 0, 5), const)
+    one = const(1, tanh_c)
+    dc = _add(_slot(dstate[t], 0, 5), _mul(_mul(dh5, _slot(act, 3, 5)), _sub(one, _mul(tanh_c, tanh_c))))
+    if dgc is not None: dc = _add(dc, _mul(_slot(dgc, 4, 5), _slot(acts[t], 1, 5)))
+    partner = _where(slot[0], _slot(act, 2, 5), _where(slot[1], _slot(states[t - 1], 0, 5), _slot(act, 0, 5)))
+    dact = _where(slot[3], _mul(dh5, tanh_c), _mul(dc, partner))
+    # each activation's derivative from its value a: m^2 s (1 - s) with s = (a + m - 1) / m
+    a = act.pad(((0, 0), (0, 1), (0, 0)))
+    s = _add(a, _sub(m, one)).e(BinaryOps.DIV, m)
+    dgc = _where(slot[4], dc, _mul(dact, _mul(derivative_scale, _mul(s, _sub(one, s)))))
+    dgcs.append(dgc)
+  dgcs.reverse()
+  return cat([d.reshape((1, n, 5, hidden)) for d in dgcs], 0)
+
+
 class LSTMRecurrence(Function):
   """One LSTM layer's recurrence over precomputed input projections (see the module docstring).
 
-  xproj (L, N, 4H) = x @ W_ih^T + biases, h0 and c0 (N, H), w_hh (4H, H) -> states (L+1, N, 2, H):
-  states[t, :, 0] is c_t, states[t, :, 1] is h_t, t = 0 the initial state."""
+  xproj (L, N, 4H) = x @ W_ih^T + biases, h0 and c0 (N, H), w_hh (4H, H) -> states (L+1, N, SLOTS, H):
+  states[t, :, 0] is c_t, states[t, :, 1] is h_t, t = 0 the initial state. The time steps are one node each way
+  (LazyBuffer.subgraph): _forward_graph and _backward_graph record their thousands of ops only when the
+  scheduler meets a graph it hasn't scheduled before, so a training loop records a few ops per layer."""
   def forward(self, xproj: LazyBuffer, h0: LazyBuffer, c0: LazyBuffer, w_hh: LazyBuffer) -> LazyBuffer:
     steps, n, gates = xproj.shape
-    hidden = gates // 4
-    self.w_hh = w_hh
-    const = _Constants()
-    # m - 1 of the module docstring: 1 on the g gate's quarter of the gate axis, 0 elsewhere
-    g_quarter = LazyBuffer.full(1.0, (n, hidden), xproj.dtype, xproj.device).pad(((0, 0), (2 * hidden, hidden)))
-    m = _add(g_quarter, const(1, g_quarter))
-    state = cat([c0.reshape((n, 1, hidden)), h0.reshape((n, 1, hidden))], 1)
-    is_h = _one_slot(state, 1, 2, True)
-    # W_hh^T stored once per forward (H, 4H): each step's matmul then reads its rows of gate columns
-    # contiguously and keeps whole vectors of gates as accumulators; read through w_hh's own (4H, H) layout,
-    # its kernel summed each gate across vector lanes (batch 16, hidden 256: 241 -> 91 us a step)
-    w_rows = w_hh.permute((1, 0)).contiguous().permute((1, 0))
-    self.acts, self.states = [], [state]
-    for t in range(steps):
-      h = state.shrink(((0, n), (1, 2), (0, hidden))).reshape((n, hidden))
-      z = _add(xproj.shrink(((t, t + 1), (0, n), (0, gates))).reshape((n, gates)), _matmul_t(h, w_rows))
-      act = _sub(_mul(m, _sigmoid(_mul(m, z), const)), g_quarter).reshape((n, 4, hidden))
-      c = _add(_mul(_slot(act, 1, 2), _slot(state, 0, 2)), _mul(_slot(act, 0, 2), _slot(act, 2, 2)))
-      state = _where(is_h, _mul(_slot(act, 3, 2), _tanh(c, const)), c)
-      self.acts.append(act)
-      self.states.append(state)
-    self.stacked = cat([s.reshape((1, n, 2, hidden)) for s in self.states], 0)
+    self.w_hh, self.sizes = w_hh, (steps, n, gates // 4)
+    self.stacked = LazyBuffer.subgraph((xproj, h0, c0, w_hh), _forward_graph, self.sizes,
+                                       (steps + 1, n, SLOTS, gates // 4), xproj.dtype)
     return self.stacked
 
   def backward(self, grad: LazyBuffer):
-    steps, (n, _, hidden) = len(self.acts), self.states[0].shape
-    w_hh_t = self.w_hh.permute((1, 0))
-    const = _Constants()
-    dstate = [grad.shrink(((t, t + 1), (0, n), (0, 2), (0, hidden))).reshape((n, 2, hidden)) for t in range(steps + 1)]
-    like = self.states[0].reshape((n, 1, hidden)).expand((n, 5, hidden))
-    slot = [_one_slot(like, k, 5, True) for k in range(5)]
-    m = _add(_one_slot(like, 2, 5, 1.0), const(1, like))
-    derivative_scale = _mul(m, m)
-    dgates: list[LazyBuffer] = []
-    dgc: LazyBuffer | None = None    # the later step's (N, 5, H): its gates' gradients and dc
-    for t in range(steps, 0, -1):
-      act, state = self.acts[t - 1], self.states[t]
-      dh = dstate[t].shrink(((0, n), (1, 2), (0, hidden))).reshape((n, hidden))
-      if dgc is not None: dh = _add(dh, _matmul_t(dgates[-1], w_hh_t))
-      dh5 = dh.reshape((n, 1, hidden)).expand((n, 5, hidden))
-      tanh_c = _tanh(_slot(state, 0, 5), const)
-      one = const(1, tanh_c)
-      dc = _add(_slot(dstate[t], 0, 5), _mul(_mul(dh5, _slot(act, 3, 5)), _sub(one, _mul(tanh_c, tanh_c))))
-      if dgc is not None: dc = _add(dc, _mul(_slot(dgc, 4, 5), _slot(self.acts[t], 1, 5)))
-      partner = _where(slot[0], _slot(act, 2, 5), _where(slot[1], _slot(self.states[t - 1], 0, 5), _slot(act, 0, 5)))
-      dact = _where(slot[3], _mul(dh5, tanh_c), _mul(dc, partner))
-      # each activation's derivative from its value a: m^2 s (1 - s) with s = (a + m - 1) / m
-      a = act.pad(((0, 0), (0, 1), (0, 0)))
-      s = _add(a, _sub(m, one)).e(BinaryOps.DIV, m)
-      dgc = _where(slot[4], dc, _mul(dact, _mul(derivative_scale, _mul(s, _sub(one, s)))))
-      dgates.append(dgc.shrink(((0, n), (0, 4), (0, hidden))).reshape((n, 4 * hidden)))
-    dgates.reverse()
-    dxproj = cat([d.reshape((1, n, 4 * hidden)) for d in dgates], 0)
+    steps, n, hidden = self.sizes
+    dgcs = LazyBuffer.subgraph((grad, self.stacked, self.w_hh), _backward_graph, self.sizes, (steps, n, 5, hidden), grad.dtype)
+    dxproj = dgcs.shrink(((0, steps), (0, n), (0, 4), (0, hidden))).reshape((steps, n, 4 * hidden))
     grad_h0 = grad_c0 = grad_w = None
-    assert dgc is not None   # LSTM.forward refuses a sequence of no steps
     if self.needs_input_grad[1]:
-      grad_h0 = _add(dstate[0].shrink(((0, n), (1, 2), (0, hidden))).reshape((n, hidden)), _matmul_t(dgates[0], w_hh_t))
+      dgates0 = dxproj.shrink(((0, 1), (0, n), (0, 4 * hidden))).reshape((n, 4 * hidden))
+      dh0 = grad.shrink(((0, 1), (0, n), (1, 2), (0, hidden))).reshape((n, hidden))
+      grad_h0 = _add(dh0, _matmul_t(dgates0, self.w_hh.permute((1, 0))))
     if self.needs_input_grad[2]:
-      grad_c0 = _add(dstate[0].shrink(((0, n), (0, 1), (0, hidden))).reshape((n, hidden)),
-                     _mul(dgc.shrink(((0, n), (4, 5), (0, hidden))), _slot(self.acts[0], 1, 1)).reshape((n, hidden)))
+      # dc_0 = the initial state's own gradient + dc_1 * f_1
+      dc0 = grad.shrink(((0, 1), (0, n), (0, 1), (0, hidden))).reshape((n, hidden))
+      dc1 = dgcs.shrink(((0, 1), (0, n), (4, 5), (0, hidden))).reshape((n, hidden))
+      f1 = self.stacked.shrink(((1, 2), (0, n), (3, 4), (0, hidden))).reshape((n, hidden))
+      grad_c0 = _add(dc0, _mul(dc1, f1))
     if self.needs_input_grad[3]:
       # one matmul over every step: dW_hh = sum over t of dgates_t^T @ h_(t-1)
       rows = steps * n
