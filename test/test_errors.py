@@ -226,3 +226,19 @@ def test_new_ops_bad_input():
   with raises(IndexError, "nll_loss", "target 7"): Tensor.ones(2, 4).sparse_categorical_crossentropy(Tensor([0, 7]))
   with raises(IndexError, "cumprod", "dimension 2"): Tensor.ones(3).cumprod(2)
   with raises(IndexError, "cummax", "dimension 1"): Tensor.ones(3).cummax(1)
+
+
+def test_embedding_bad_indices_raise_as_in_pytorch():
+  """An embedding index outside [0, num_embeddings) raises IndexError, a negative one too (PyTorch's rule; tensor
+  indexing would wrap it); float indices and a weight that isn't 2-d raise naming the op and the shape."""
+  torch = pytest.importorskip("torch")
+  from tinychad import nn
+  from tinychad.nn import functional as F
+  layer, weight = nn.Embedding(10, 4), Tensor.ones(10, 4)
+  for bad in (-1, 10):
+    with pytest.raises(IndexError): torch.nn.Embedding(10, 4)(torch.tensor([0, bad]))
+    with raises(IndexError, "embedding", str(bad), "10 embeddings", "(10, 4)"): layer(Tensor([0, bad]))
+    with raises(IndexError, "embedding", str(bad)): F.embedding(Tensor([[bad]]), weight)
+  with raises(TypeError, "embedding", "float32"): F.embedding(Tensor([0.0]), weight)
+  with raises(TypeError, "embedding", "bool"): F.embedding(Tensor([True]), weight)
+  with raises(ValueError, "embedding", "(10,)"): F.embedding(Tensor([0]), Tensor.ones(10))

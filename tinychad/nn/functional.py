@@ -556,8 +556,15 @@ def layer_norm(x: Tensor, normalized_shape, weight: Tensor | None = None, bias: 
 
 
 def embedding(idx: Tensor, weight: Tensor) -> Tensor:
-  if idx.dtype.is_float: raise TypeError(f"embedding: indices must be integers, got {idx.dtype}")
-  return weight[idx]
+  """The rows of weight (num_embeddings, embedding_dim) at integer indices of any shape: (*idx.shape, embedding_dim).
+  As in PyTorch an index outside [0, num_embeddings) raises, negative ones too (tensor indexing would wrap those).
+  One Gather, without indexing's general machinery: a decoding step looks up two embeddings per token."""
+  if not idx.dtype.is_int: raise TypeError(f"embedding: indices must be integers, got {idx.dtype}")
+  if weight.ndim != 2:
+    raise ValueError(f"embedding: weight must be 2-d (num_embeddings, embedding_dim), got shape {_shape_str(weight.shape)}")
+  if (bad := out_of_bounds(idx, weight.shape[0])) is not None:
+    raise IndexError(f"embedding: index {bad} is out of range for {weight.shape[0]} embeddings (weight {_shape_str(weight.shape)})")
+  return F.Gather.apply(weight, idx.cast(dtypes.int64))
 
 
 def pixel_shuffle(x: Tensor, upscale_factor: int) -> Tensor:
