@@ -13,7 +13,7 @@ from tinychad import function as F
 from tinychad.dtype import dtypes, promote_types
 from tinychad.function import ConvGeometry, pool_windows
 from tinychad.indexing import out_of_bounds
-from tinychad.tensor import Tensor, _shape_str
+from tinychad.tensor import Tensor, _broadcast_shape, _shape_str
 
 
 def _tuple(value, n: int, name: str, op: str, positive: bool = False) -> tuple[int, ...]:
@@ -420,10 +420,10 @@ def _attention_inputs(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scal
     need = "a divisor of q's heads (enable_gqa=True)" if enable_gqa else "q's heads, or 1 (or pass enable_gqa=True)"
     raise ValueError(f"{op}: k and v's heads (dim -3) must be {need}, got {shapes}")
   try:
-    batch = tuple(np.broadcast_shapes(q.shape[:-3], k.shape[:-3], v.shape[:-3]))
+    batch = _broadcast_shape(_broadcast_shape(q.shape[:-3], k.shape[:-3], op), v.shape[:-3], op)
   except ValueError:
     raise ValueError(f"{op}: the batch dims of {shapes} don't broadcast") from None
-  size = int(np.prod(batch)) if batch else 1
+  size = math.prod(batch)
   L, S, D, E = q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1]
   q4 = q.expand(*batch, *q.shape[-3:]).reshape(size, heads, L, D)
   k4 = k.expand(*batch, *k.shape[-3:]).reshape(size, kv_heads, S, D)
