@@ -190,7 +190,8 @@ class LazyBuffer:
     by nothing else): a loop that records thousands of ops (an LSTM's time steps) costs one node to record and to
     key, and its graph is built only when the scheduler meets the node in a graph it hasn't scheduled before. So
     `build` must be a module-level function (the schedule cache keys it by identity) whose graph depends on its
-    sources' shapes, dtypes and views and on `params` alone."""
+    sources' shapes, dtypes and views and on `params` alone, and reads only `srcs` and constants: a remembered
+    schedule remakes every other buffer of the built graph as scratch memory on each run."""
     return LazyBuffer(srcs[0].device, ShapeTracker.from_shape(tuple(shape)), dtype, LoadOps.SUBGRAPH, (build, tuple(params)),
                       tuple(srcs))
 
