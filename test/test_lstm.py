@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from conftest import OPENCL_DEVICES
 from tinychad import GlobalCounters, Tensor, TinyJit, nn
 from tinychad.nn import optim
 from tinychad.nn.state import get_parameters, get_state_dict, load_state_dict
@@ -162,3 +163,18 @@ def test_a_training_step_records_the_same_few_ops_for_any_sequence_length(monkey
   don't grow with the sequence: the time steps' thousands are recorded only when the graph is scheduled anew."""
   short, long = recorded_of_a_training_step(6, monkeypatch), recorded_of_a_training_step(40, monkeypatch)
   assert short == long and short < 800, (short, long)
+
+
+@pytest.mark.parametrize("device", OPENCL_DEVICES)
+def test_training_on_a_gpu_style_device_matches_the_cpu(device):
+  """The recurrence's subgraphs built for OPENCL (work-group kernels): the same losses as on the CPU."""
+  from tinychad.device import Device
+  previous, losses = Device.DEFAULT, {}
+  try:
+    for name in ("CPU", device):
+      Device.DEFAULT = name
+      _, train_step = make_training(6)
+      losses[name] = [float(train_step().numpy()) for _ in range(3)]
+  finally:
+    Device.DEFAULT = previous
+  np.testing.assert_allclose(losses[device], losses["CPU"], rtol=1e-4)
