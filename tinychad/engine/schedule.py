@@ -191,14 +191,15 @@ def _sources_to_compute(base: LazyBuffer) -> list[LazyBuffer]:
   return [b for src in base.srcs if (b := src.base).realized is None]
 
 
-def expand_subgraphs(outs: list[LazyBuffer]) -> None:
-  """Each SUBGRAPH base under `outs` becomes the graph its builder records (LazyBuffer.subgraph): the base takes the
-  op, argument and sources of the built graph's output, so what reads the node reads that graph (a copy of it where
-  the output is a view or a constant). A built graph may hold SUBGRAPH nodes of its own: they are built next."""
+def expand_subgraphs(outs: list[LazyBuffer]) -> list[LazyBuffer]:
+  """Every base to compute under `outs`, sources before the bases that read them, with each SUBGRAPH base made the
+  graph its builder records (LazyBuffer.subgraph): the base takes the op, argument and sources of the built graph's
+  output, so what reads the node reads that graph (a copy of it where the output is a view or a constant). A built
+  graph may hold SUBGRAPH nodes of its own: they are built next."""
   while True:
-    roots = [o.base for o in outs if o.base.realized is None]
-    pending = [base for base in toposort(roots, _sources_to_compute) if base.op is LoadOps.SUBGRAPH]
-    if not pending: return
+    order = toposort([o.base for o in outs if o.base.realized is None], _sources_to_compute)
+    pending = [base for base in order if base.op is LoadOps.SUBGRAPH]
+    if not pending: return order
     for base in pending:
       build, params = base.arg
       out = build(base.srcs, *params)
@@ -210,7 +211,6 @@ def expand_subgraphs(outs: list[LazyBuffer]) -> None:
 
 class _Scheduler:
   def __init__(self, outs: list[LazyBuffer]):
-    expand_subgraphs(outs)
     self.targets = {o.base for o in outs}
     self.items: list[ScheduleItem] = []
     self.scheduled: set[LazyBuffer] = set()
@@ -218,8 +218,8 @@ class _Scheduler:
     self.inlined: set[LazyBuffer] = set()    # bases some kernel built so far computes inline
     self.forced_late = False                 # a base was forced after a kernel had inlined it
     self.packed: dict[tuple[LazyBuffer, ShapeTracker], LazyBuffer] = {}   # (operand, its view) -> its panels
-    # every base to compute, sources before the bases that read them
-    self.order = toposort([o.base for o in outs if o.base.realized is None], _sources_to_compute)
+    # every base to compute, sources before the bases that read them (subgraphs built)
+    self.order = expand_subgraphs(outs)
     self.uses: dict[LazyBuffer, int] = {}    # how many graph edges read each base
     self.readers: dict[LazyBuffer, list[tuple[LazyBuffer, ShapeTracker]]] = {}   # base -> (reader, view)
     self.has_reduce = False    # any reduce left to compute (else there is no row reduce to look for)
