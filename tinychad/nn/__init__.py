@@ -242,7 +242,6 @@ class Embedding(Module):
       self.weight.assign((Tensor.arange(num_embeddings).reshape(-1, 1) != padding_idx).where(self.weight, 0)).realize()
 
   def forward(self, idx: Tensor) -> Tensor:
-    if not idx.dtype.is_int: raise TypeError(f"Embedding: indices must be integers, got {idx.dtype}")
     out = F.embedding(idx, self.weight)
     if self.padding_idx is None: return out
     return (idx != self.padding_idx).unsqueeze(-1).where(out, out.detach())

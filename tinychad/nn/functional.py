@@ -278,7 +278,7 @@ def _class_mask(target: Tensor, classes: int, ndim: int, ignore_index: int) -> T
   (each a class or ignore_index): where those fit int32, the comparison runs in int32, whose SIMD lanes are twice
   as many as int64's, over the (N, C) mask that a language model's loss computes forward and backward."""
   arange = Tensor.arange(classes, device=target.device, dtype=dtypes.int32).reshape((1, classes) + (1,) * (ndim - 2))
-  if target.dtype.itemsize > 4 and -2**31 <= ignore_index < 2**31 and classes <= 2**31: target = target.cast(dtypes.int32)
+  if target.dtype.itemsize > 4 and -2**31 <= ignore_index < 2**31: target = target.cast(dtypes.int32)
   return target.unsqueeze(1) == arange
 
 
