@@ -21,6 +21,11 @@ from tinychad.ops import AttentionArg, UnaryOps, BinaryOps, TernaryOps, ReduceOp
 class Function:
   requires_grad: bool | None   # True if an input requires grad, else None if one might (tinygrad's "not decided")
   parents: tuple               # the input tensors, kept where a backward pass may come through
+  # where nothing will differentiate the result (no_grad, or no input that may need a gradient), a Function with a
+  # `one_node` records its forward as that one node (LazyBuffer.subgraph) instead of the ops it is made of: the
+  # scheduler builds those ops only for a graph it hasn't scheduled before, so a decoding loop that repeats
+  # itself records a layer's few nodes per token, not its dozens of ops
+  one_node: Callable[..., LazyBuffer] | None = None
 
   @property
   def needs_input_grad(self) -> list[bool]:
@@ -41,11 +46,13 @@ class Function:
         requires_grad = True
         break
       if needs is None: requires_grad = None
+    tensor_type = type(tensors[0])
+    if cls.one_node is not None and (requires_grad is False or tensor_type.no_grad):
+      return tensor_type.from_lazy(cls.one_node(*map(_lazydata, tensors), **kwargs), False)
     ctx = object.__new__(cls)
     ctx.requires_grad = requires_grad
     # None records the graph too: a backward pass that reaches a None leaf gives it a grad
     if requires_grad is not False: ctx.parents = tensors
-    tensor_type = type(tensors[0])
     result = ctx.forward(*map(_lazydata, tensors), **kwargs)
     if tensor_type.no_grad: return tensor_type.from_lazy(result, False)
     out = tensor_type.from_lazy(result, ctx.requires_grad)
@@ -95,6 +102,15 @@ class Cat(Function):
     return cat(pieces, axis)
   def backward(self, grad: LazyBuffer) -> tuple[LazyBuffer | None, ...]:
     return tuple(grad.shrink(window) if needed else None for window, needed in zip(self.windows, self.needs_input_grad))
+
+  @staticmethod
+  def one_node(*pieces: LazyBuffer, axis: int) -> LazyBuffer:
+    total = sum(piece.shape[axis] for piece in pieces)
+    shape = tuple(total if d == axis else s for d, s in enumerate(pieces[0].shape))
+    return LazyBuffer.subgraph(pieces, _cat_graph, (axis,), shape, pieces[0].dtype)
+
+
+def _cat_graph(srcs: tuple[LazyBuffer, ...], axis: int) -> LazyBuffer: return cat(srcs, axis)
 
 
 CAT_MAX_PIECES = 16  # a cat of more pieces goes in two steps
@@ -347,6 +363,10 @@ class LayerNorm(Function):
     if self.weight is not None: out = out.e(BinaryOps.MUL, self.weight)
     return out.e(BinaryOps.ADD, self.bias) if self.bias is not None else out
 
+  @staticmethod
+  def one_node(x: LazyBuffer, *params: LazyBuffer, axes: tuple[int, ...], eps: float, affine: tuple[bool, bool]) -> LazyBuffer:
+    return LazyBuffer.subgraph((x,) + params, _layer_norm_graph, (axes, eps, affine), x.shape, x.dtype)
+
   def backward(self, grad: LazyBuffer):
     shape, normalized = grad.shape, self.normalized
     lead = tuple(a for a in range(len(shape)) if a not in self.axes)     # what a weight's gradient sums over
@@ -367,6 +387,10 @@ class LayerNorm(Function):
     """x's mean over the axes, kept as size 1 (a sum divided by the count, as Tensor.mean)."""
     total = x.r(ReduceOps.SUM, self.axes)
     return total.e(BinaryOps.DIV, LazyBuffer.operand(float(self.count), total.shape, total.dtype, total.device))
+
+
+def _layer_norm_graph(srcs: tuple[LazyBuffer, ...], axes: tuple[int, ...], eps: float, affine: tuple[bool, bool]) -> LazyBuffer:
+  return object.__new__(LayerNorm).forward(*srcs, axes=axes, eps=eps, affine=affine)
 
 
 def _trailing(param: LazyBuffer, shape: tuple[int, ...]) -> LazyBuffer:
@@ -421,12 +445,25 @@ class Linear(Matmul):
     if bias: out = out.e(BinaryOps.ADD, bias[0].reshape((1, m)).expand(out.shape))
     return out.reshape(x.shape[:-1] + (m,))
 
+  @staticmethod
+  def one_node(x: LazyBuffer, weight: LazyBuffer, *bias: LazyBuffer) -> LazyBuffer:
+    # the node is the base the forward computes: the sum with its bias added, or the matmul's sum (whose last axis,
+    # the one summed, is kept as 1), seen at x's shape outside the node
+    rows, m = math.prod(x.shape[:-1]), weight.shape[0]
+    shape = (rows, m) if bias else (rows, m, 1)
+    node = LazyBuffer.subgraph((x.reshape((rows, x.shape[-1])), weight) + bias, _linear_graph, (shape,), shape, x.dtype)
+    return node.reshape(x.shape[:-1] + (m,))
+
   def backward(self, grad: LazyBuffer):
     rows = grad.reshape((math.prod(grad.shape[:-1]), grad.shape[-1]))
     grad_x, grad_w = super().backward(rows)
     grads = (grad_x.reshape(self.input_shape) if grad_x is not None else None, grad_w)
     if not self.has_bias: return grads
     return grads + (rows.r(ReduceOps.SUM, (0,)).reshape(rows.shape[1:]) if self.needs_input_grad[2] else None,)
+
+
+def _linear_graph(srcs: tuple[LazyBuffer, ...], shape: tuple[int, ...]) -> LazyBuffer:
+  return object.__new__(Linear).forward(*srcs).reshape(shape)
 
 
 def _matmul(x: LazyBuffer, w: LazyBuffer, transposed: bool = False):
@@ -1040,6 +1077,15 @@ class Attention(Function):
                            rows * (vdim + 1))
     return self.out.shrink(((0, rows * vdim),)).reshape((batch, heads, length, vdim))
 
+  @staticmethod
+  def one_node(q: LazyBuffer, k: LazyBuffer, v: LazyBuffer, *mask: LazyBuffer, scale: float, causal: bool,
+               window: int) -> LazyBuffer:
+    # the node is the kernel's whole output (the rows, then their log-sum-exps); forward's view of it outside the node
+    batch, heads, length, _ = q.shape
+    rows, vdim = batch * heads * length, v.shape[3]
+    node = LazyBuffer.subgraph((q, k, v) + mask, _attention_graph, (scale, causal, window), (rows * (vdim + 1),), q.dtype)
+    return node.shrink(((0, rows * vdim),)).reshape((batch, heads, length, vdim))
+
   def backward(self, grad: LazyBuffer) -> tuple[LazyBuffer | None, ...]:
     a, q, k, v = self.arg, self.q, self.k, self.v
     rows, block = a.batch * a.heads * a.length, a.block
@@ -1067,6 +1113,12 @@ class Attention(Function):
       broadcast = tuple(i for i, n in enumerate(self.mask.shape) if n == 1 and scores.shape[i] != 1)
       dmask = scores.r(ReduceOps.SUM, broadcast) if broadcast else scores
     return (dq, dk, dv, dmask)[:len(self.needs_input_grad)]
+
+
+def _attention_graph(srcs: tuple[LazyBuffer, ...], scale: float, causal: bool, window: int) -> LazyBuffer:
+  ctx = object.__new__(Attention)
+  ctx.forward(*srcs, scale=scale, causal=causal, window=window)
+  return ctx.out
 
 
 def _arg(arg: AttentionArg, mode: str, mask_strides: tuple[int, int, int, int]) -> AttentionArg:

@@ -205,6 +205,8 @@ def expand_subgraphs(outs: list[LazyBuffer]) -> list[LazyBuffer]:
       out = build(base.srcs, *params)
       if out.shape != base.shape or out.dtype != base.dtype:
         raise RuntimeError(f"{build.__name__} built {out.shape} {out.dtype.name} for a node of {base.shape} {base.dtype.name}")
+      # a view that reads its whole base in order (a reshape there and back) is that base
+      if out._base is not None and out.st == out._base.st: out = out._base
       if out._base is None and out.realized is None and out.op is not LoadOps.CONST: base.op, base.arg, base.srcs = out.op, out.arg, out.srcs
       else: base.op, base.arg, base.srcs = LoadOps.CONTIGUOUS, None, (out,)
 
