@@ -37,3 +37,26 @@ def test_capture_sees_kernels_and_copies_and_nests():
   (z := (y + 1)).realize()
   assert len(outer) == 3, "a closed capture records nothing more"
   np.testing.assert_equal(z.numpy(), np.arange(4) * 2 + 1)
+
+
+def test_a_remembered_schedule_of_several_kernels_runs_them_in_one_native_call(monkeypatch):
+  """The second realize of a graph runs its prepared launch: on the CPU one KernelList call for all its kernels, with the
+  values and the counters of the first (long) way; where the thread pool can't start, each kernel's own call."""
+  from tinychad.engine import schedule_cache
+  from tinychad.runtime.threads import KernelList
+  a, b = Tensor(np.arange(12, dtype=np.float32).reshape(3, 4)).realize(), Tensor(np.ones(4, np.float32)).realize()
+  def step():
+    # a sum, then a softmax over its rows: three kernels
+    out = ((a + b).sum(1, keepdim=True) * a).softmax(1)
+    GlobalCounters.reset()
+    return out.realize().numpy(), GlobalCounters.kernel_count
+  first, kernels = step()
+  assert kernels >= 2
+  launches = [t.launch for t in schedule_cache._templates.values() if t.launch is not None and t.launch.kernels is not None]
+  assert launches, "the graph's launch runs its kernels as one list"
+  again, again_kernels = step()
+  np.testing.assert_array_equal(again, first)
+  assert again_kernels == kernels
+  monkeypatch.setattr(KernelList, "run", lambda self: False)
+  fallback, _ = step()
+  np.testing.assert_array_equal(fallback, first)

@@ -34,10 +34,14 @@ from tinychad.lazy import LazyBuffer
 from tinychad.ops import LoadOps
 from tinychad.runtime.cache import cache_key, code_version, read_record, tree_text, write_record
 from tinychad.runtime.compiled import Compiled, Kernel
+from tinychad.runtime.threads import KernelList
 
 # the open capture() blocks' lists (a TinyJit recording, a benchmark's): each kernel run is appended
 # to every one as (item, its buffers), each copy as (None, [out, in])
 _captures: list[list] = []
+# a remembered schedule of this many kernels or more runs them in one native call (Launch.kernels); a single kernel
+# (an eager op) is quicker called directly than through the list's arrays
+LIST_MIN_KERNELS = 2
 
 
 @contextlib.contextmanager
@@ -162,11 +166,15 @@ class Launch:
   (a copy is no kernel) or runs kernels on two devices is not prepared, so a launch runs on one device, and
   `programs` is that device's table of loaded kernels when it was prepared: a device whose table is replaced (the
   tests' set_noopt forgets every kernel) makes the launch `current()` no more, and the schedule runs the long way,
-  building its kernels again."""
-  __slots__ = ("steps", "made", "device", "programs")
+  building its kernels again.
+  On a device that runs kernels natively (the CPU's thread pool), a launch of several kernels runs them all in one
+  native call (`kernels`, a KernelList: each run writes its buffers' addresses into the argument slots), as a
+  TinyJit replay does: a decoding step's ~80 kernels cost one call instead of ~80 Python calls. `totals` is then
+  their counters summed (kernels, ops, bytes): they are timed together."""
+  __slots__ = ("steps", "made", "device", "programs", "kernels", "totals")
 
-  def __init__(self, steps: list[tuple], made: int, device):
-    self.steps, self.made, self.device = steps, made, device
+  def __init__(self, steps: list[tuple], made: int, device, kernels: KernelList | None = None, totals: tuple = ()):
+    self.steps, self.made, self.device, self.kernels, self.totals = steps, made, device, kernels, totals
     self.programs = device.programs if device is not None else None
 
   def current(self) -> bool: return self.device is None or self.device.programs is self.programs
@@ -174,7 +182,7 @@ class Launch:
   @staticmethod
   def prepare(template: Template, items: list[ScheduleItem]) -> Launch | None:
     """The launch of a template whose items have just run (so their kernels are loaded); None if one can't be."""
-    steps, device = [], None
+    steps, device, listed = [], None, []
     for (ast, out, ins, info), item in zip(template.steps, items):
       if ast.op is LoadOps.COPY: return None
       output, call = item.output, None
@@ -184,8 +192,14 @@ class Launch:
         program = device.programs.get((ast, info[0]))
         if program is None: return None
         call = device.launcher(program, info[3]) if isinstance(device, Compiled) else _runner(device, program, info[3])
+        listed.append((program, 1 + len(ins), info))
       steps.append((out, (output.device, output.size, output.dtype), ins, call, info))
-    return Launch(steps, len(template.made), device)
+    native = isinstance(device, Compiled) and type(device).run is Compiled.run
+    if len(listed) < LIST_MIN_KERNELS or not native or not all(KernelList.available(n) for _, n, _ in listed):
+      return Launch(steps, len(template.made), device)
+    kernels = KernelList([(program.address, [0] * n, program.parallel, info[3]) for program, n, info in listed])
+    totals = (len(listed), sum(info[2] * info[3] for _, _, info in listed), sum(info[4] for _, _, info in listed))
+    return Launch(steps, len(template.made), device, kernels, totals)
 
 
 def _runner(device, program, points: int) -> Callable[[list[Buffer]], None]:
@@ -195,6 +209,9 @@ def _runner(device, program, points: int) -> Callable[[list[Buffer]], None]:
 def run_launch(launch: Launch, nodes: list[LazyBuffer]) -> None:
   """A prepared launch over this graph's nodes: run_schedule's work (buffers, kernels, counters) without the items."""
   made: list[Buffer | None] = [None] * launch.made
+  if launch.kernels is not None:
+    _run_listed(launch, nodes, made)
+    return
   for out, (device, size, dtype), ins, call, info in launch.steps:
     buf = Buffer(device, size, dtype).allocate()
     if call is not None:
@@ -207,6 +224,33 @@ def run_launch(launch: Launch, nodes: list[LazyBuffer]) -> None:
       lb = nodes[out]
       lb.realized, lb.srcs = buf, ()
     else: made[-1 - out] = buf
+
+
+def _run_listed(launch: Launch, nodes: list[LazyBuffer], made: list[Buffer | None]) -> None:
+  """run_launch's work with every kernel in one native call: the buffers first, their addresses written into the
+  kernels' argument slots, then the call (or, where the thread pool can't start, each kernel's own call)."""
+  args, slot, calls = launch.kernels.args, 0, []
+  for out, (device, size, dtype), ins, call, info in launch.steps:
+    buf = Buffer(device, size, dtype).allocate()
+    if call is not None:
+      bufs = [buf]
+      for i in ins: bufs.append(nodes[i].realized if i >= 0 else made[-1 - i])
+      for b in bufs:
+        args[slot] = b.address
+        slot += 1
+      calls.append((call, bufs))
+    if out >= 0:
+      lb = nodes[out]
+      lb.realized, lb.srcs = buf, ()
+    else: made[-1 - out] = buf
+  start = time.perf_counter()
+  if not launch.kernels.run():
+    for call, bufs in calls: call(bufs)
+  kernels, ops, moved = launch.totals
+  GlobalCounters.kernel_count += kernels
+  GlobalCounters.global_ops += ops
+  GlobalCounters.global_mem += moved
+  GlobalCounters.time_sum_s += time.perf_counter() - start
 
 
 def loaded_program(item: ScheduleItem):

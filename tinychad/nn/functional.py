@@ -404,11 +404,14 @@ def _attention_inputs(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scal
                       window: int | None):
   """The checked inputs of an attention as (batch, heads, L, D) q, (batch, kv heads, S, D) k and (..., E) v, the mask
   as (1 or batch, heads or 1, L or 1, S or 1), the output's shape, and the scale."""
-  op, shapes = "scaled_dot_product_attention", f"q {_shape_str(q.shape)}, k {_shape_str(k.shape)}, v {_shape_str(v.shape)}"
+  op = "scaled_dot_product_attention"
+  # the shapes in an error message, put in words only when one is raised (this runs for every decoded token)
+  given = q.shape, k.shape, v.shape
+  def shapes() -> str: return ", ".join(f"{name} {_shape_str(shape)}" for name, shape in zip("qkv", given))
   if not (q.ndim == k.ndim == v.ndim and q.ndim >= 2):
-    raise ValueError(f"{op}: q, k and v need the same number of dims (at least 2), got {shapes}")
+    raise ValueError(f"{op}: q, k and v need the same number of dims (at least 2), got {shapes()}")
   if q.shape[-1] != k.shape[-1] or k.shape[-2] != v.shape[-2]:
-    raise ValueError(f"{op}: q and k need one last dim and k and v one length, got {shapes}")
+    raise ValueError(f"{op}: q and k need one last dim and k and v one length, got {shapes()}")
   if not (q.dtype == k.dtype == v.dtype) or not q.dtype.is_float:
     raise TypeError(f"{op}: q, k and v need one float dtype, got {q.dtype.name}, {k.dtype.name}, {v.dtype.name}")
   if window is not None and (not isinstance(window, int) or window < 1):
@@ -418,11 +421,11 @@ def _attention_inputs(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scal
   heads, kv_heads = q.shape[-3], k.shape[-3]
   if v.shape[-3] != kv_heads or (heads != kv_heads and kv_heads != 1 and not (enable_gqa and heads % kv_heads == 0)):
     need = "a divisor of q's heads (enable_gqa=True)" if enable_gqa else "q's heads, or 1 (or pass enable_gqa=True)"
-    raise ValueError(f"{op}: k and v's heads (dim -3) must be {need}, got {shapes}")
+    raise ValueError(f"{op}: k and v's heads (dim -3) must be {need}, got {shapes()}")
   try:
     batch = _broadcast_shape(_broadcast_shape(q.shape[:-3], k.shape[:-3], op), v.shape[:-3], op)
   except ValueError:
-    raise ValueError(f"{op}: the batch dims of {shapes} don't broadcast") from None
+    raise ValueError(f"{op}: the batch dims of {shapes()} don't broadcast") from None
   size = math.prod(batch)
   L, S, D, E = q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1]
   q4 = q.expand(*batch, *q.shape[-3:]).reshape(size, heads, L, D)
@@ -434,7 +437,7 @@ def _attention_inputs(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scal
       raise TypeError(f"{op}: attn_mask must be bool or float, got {mask.dtype.name}")
     full = batch + (heads, L, S)
     if mask.ndim > len(full) or any(m not in (1, n) for m, n in zip(reversed(mask.shape), reversed(full))):
-      raise ValueError(f"{op}: attn_mask {_shape_str(mask.shape)} doesn't broadcast to {_shape_str(full)} ({shapes})")
+      raise ValueError(f"{op}: attn_mask {_shape_str(mask.shape)} doesn't broadcast to {_shape_str(full)} ({shapes()})")
     aligned = (1,) * (len(full) - mask.ndim) + tuple(mask.shape)
     mask4 = mask.reshape(aligned)
     if any(n != 1 for n in aligned[:-3]): mask4 = mask4.expand(*batch, *aligned[-3:]).reshape(size, *aligned[-3:])
