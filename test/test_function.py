@@ -21,6 +21,7 @@ def _masked(q, k, v, m): return F.scaled_dot_product_attention(q, k, v, attn_mas
 def _bool_masked(q, k, v, m): return F.scaled_dot_product_attention(q, k, v, attn_mask=m > 0)
 def _cat(a, b, c): return Tensor.cat(a, b, c, dim=1)
 def _transposed_linear(x, w): return F.linear(x.transpose(1, 2), w)
+def _gelu(x): return x.gelu()
 
 
 CASES = {
@@ -33,6 +34,7 @@ CASES = {
   "attention with an additive mask": (_masked, [(2, 2, 3, 4), (2, 2, 6, 4), (2, 2, 6, 4), (3, 6)]),
   "attention with a bool mask": (_bool_masked, [(1, 4, 1, 8), (1, 4, 9, 8), (1, 4, 9, 8), (1, 9)]),
   "cat": (_cat, [(2, 3, 4), (2, 1, 4), (2, 5, 4)]),
+  "gelu": (_gelu, [(4, 33)]),
 }
 
 

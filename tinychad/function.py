@@ -232,6 +232,31 @@ class Erf(Function):
     return gaussian.e(BinaryOps.MUL, x.const_like(2 / math.sqrt(math.pi))).e(BinaryOps.MUL, grad)
 
 
+class Gelu(Function):
+  """PyTorch's exact GELU, x times the normal distribution's CDF: (x / 2) (1 + erf(x / sqrt 2)), one Function instead of
+  the five ops it records (a transformer's MLP has one per layer and decoding step). The gradient is the CDF plus x
+  times the density: (1 + erf(x / sqrt 2)) / 2 + x exp(-x^2 / 2) / sqrt(2 pi)."""
+  def forward(self, x: LazyBuffer) -> LazyBuffer:
+    self.x = x
+    scaled = x.e(BinaryOps.MUL, x.const_like(1 / math.sqrt(2)))
+    self.erf_plus_one = scaled.e(UnaryOps.ERF).e(BinaryOps.ADD, x.const_like(1.0))
+    return x.e(BinaryOps.MUL, x.const_like(0.5)).e(BinaryOps.MUL, self.erf_plus_one)
+
+  def backward(self, grad: LazyBuffer) -> LazyBuffer:
+    x = self.x
+    # exp(-x^2 / 2) as exp2(-x^2 / (2 ln 2)), the exponential the kernels have
+    density = x.e(BinaryOps.MUL, x).e(BinaryOps.MUL, x.const_like(-0.5 / math.log(2))).e(UnaryOps.EXP2)
+    density = density.e(BinaryOps.MUL, x.const_like(1 / math.sqrt(2 * math.pi)))
+    slope = self.erf_plus_one.e(BinaryOps.MUL, x.const_like(0.5)).e(BinaryOps.ADD, x.e(BinaryOps.MUL, density))
+    return grad.e(BinaryOps.MUL, slope)
+
+  @staticmethod
+  def one_node(x: LazyBuffer) -> LazyBuffer: return LazyBuffer.subgraph((x,), _gelu_graph, (), x.shape, x.dtype)
+
+
+def _gelu_graph(srcs: tuple[LazyBuffer, ...]) -> LazyBuffer: return object.__new__(Gelu).forward(*srcs)
+
+
 # ---- binary (inputs already broadcast to one shape and cast to one dtype) ----
 class Add(Function):
   def forward(self, x: LazyBuffer, y: LazyBuffer) -> LazyBuffer: return x.e(BinaryOps.ADD, y)

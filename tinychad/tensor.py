@@ -683,7 +683,7 @@ class Tensor:
   def gelu(self, approximate: str = "none") -> Tensor:
     if approximate == "tanh":
       return 0.5 * self * (1 + (math.sqrt(2 / math.pi) * (self + 0.044715 * self * self * self)).tanh())
-    return 0.5 * self * (1 + (self * (1 / math.sqrt(2))).erf())
+    return F.Gelu.apply(self._float())
   def erf(self) -> Tensor:
     """erf by piecewise fits (engine/erf.py). float64 inputs: in float64, within 3e-13 (relative below |x| 1.5,
     absolute above). Others: in float32 (float16 rounds the result), within 1 ulp as PyTorch's float32 erf: 0.857 ulp
