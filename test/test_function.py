@@ -77,3 +77,16 @@ def test_a_linear_then_gelu_stays_one_kernel():
   torch = pytest.importorskip("torch")
   reference = torch.nn.functional.gelu(torch.nn.functional.linear(*(torch.tensor(t.numpy()) for t in (x, w, b))))
   np.testing.assert_allclose(out.numpy(), reference.numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_argmax_is_one_node_and_takes_a_nan_as_the_maximum_as_pytorch():
+  torch = pytest.importorskip("torch")
+  a = np.array([[1.0, np.nan, 3.0], [2.0, 2.0, np.nan], [0.5, 4.0, 4.0]], np.float32)
+  x = Tensor(a, requires_grad=True)
+  picked = x.argmax(1)
+  assert picked.lazydata.base.op is LoadOps.SUBGRAPH and not picked.requires_grad, "an index has no gradient"
+  for axis in (0, 1):
+    for keepdim in (False, True):
+      np.testing.assert_array_equal(x.argmax(axis, keepdim).numpy(), torch.tensor(a).argmax(axis, keepdim).numpy())
+      np.testing.assert_array_equal(x.argmin(axis, keepdim).numpy(), torch.tensor(a).argmin(axis, keepdim).numpy())
+  assert x.argmax().item() == torch.tensor(a).argmax().item() == 1

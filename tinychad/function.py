@@ -345,6 +345,34 @@ class Where(Function):
 # ---- reduce ----
 # The reduces take the result's `shape`, the reduced axes kept as 1s or dropped (keepdim=False): the reshape
 # that drops them is part of the op, not a recorded op of its own (one Function, Tensor and LazyBuffer less)
+class ArgMax(Function):
+  """The index of the first maximum along `axis`, as PyTorch's argmax: where x equals its maximum, the largest of
+  `countdown` (n, n-1, ..., 1: an int64 input), taken from n; a NaN counts as the maximum (the max is NaN then), as in
+  PyTorch. One Function, so that a decoding step's greedy pick is one node (one_node, which it always takes: an index
+  has no gradient), not its nine ops."""
+  def forward(self, x: LazyBuffer, countdown: LazyBuffer, axis: int, keepdim: bool) -> LazyBuffer:
+    n = x.shape[axis]
+    is_max = x.e(BinaryOps.CMPEQ, x.r(ReduceOps.MAX, (axis,)).expand(x.shape))
+    if x.dtype.is_float: is_max = is_max.e(BinaryOps.OR, x.e(BinaryOps.CMPNE, x))
+    ranks = countdown.reshape(tuple(n if d == axis else 1 for d in range(len(x.shape)))).expand(x.shape)
+    first = is_max.cast(countdown.dtype).e(BinaryOps.MUL, ranks).r(ReduceOps.MAX, (axis,))
+    index = first.const_like(n).e(BinaryOps.SUB, first)
+    return index if keepdim else index.reshape(_without(index.shape, axis))
+
+  @staticmethod
+  def one_node(x: LazyBuffer, countdown: LazyBuffer, axis: int, keepdim: bool) -> LazyBuffer:
+    kept = tuple(1 if d == axis else s for d, s in enumerate(x.shape))
+    node = LazyBuffer.subgraph((x, countdown), _argmax_graph, (axis,), kept, countdown.dtype)
+    return node if keepdim else node.reshape(_without(kept, axis))
+
+
+def _argmax_graph(srcs: tuple[LazyBuffer, ...], axis: int) -> LazyBuffer:
+  return object.__new__(ArgMax).forward(*srcs, axis=axis, keepdim=True)
+
+
+def _without(shape: tuple[int, ...], axis: int) -> tuple[int, ...]: return shape[:axis] + shape[axis + 1:]
+
+
 class Sum(Function):
   def forward(self, x: LazyBuffer, axis: tuple[int, ...], shape: tuple[int, ...]) -> LazyBuffer:
     self.input_shape = x.shape

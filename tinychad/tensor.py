@@ -999,11 +999,8 @@ class Tensor:
     if axis is None: return self.flatten().argmax(0)
     axis = self._axis(axis, "argmax")
     if self.ndim == 0: return Tensor.zeros((), dtype=dtypes.int64, device=self.device)
-    size = self.shape[axis]
-    is_max = self == self.max(axis, keepdim=True)
-    countdown = Tensor.arange(size, 0, -1, device=self.device).reshape((size,) + (1,) * (self.ndim - axis - 1))
-    first = (is_max * countdown).max(axis, keepdim)
-    return (size - first).cast(dtypes.int64)
+    countdown = Tensor.arange(self.shape[axis], 0, -1, dtype=dtypes.int64, device=self.device, requires_grad=False)
+    return F.ArgMax.apply(self.detach(), countdown, axis=axis, keepdim=keepdim)
 
   def argmin(self, axis: int | None = None, keepdim: bool = False, dim: int | None = None) -> Tensor:
     if dim is not None: axis = dim
