@@ -11,7 +11,8 @@ process loads the kernel without lowering or rendering it. All the schedule's ne
 before the first of them runs: a device with `batch` puts several in one binary, one binary per core
 (its `parallel_builds`), compiled at once (separate compiler processes); the others compile one after
 another. Then each kernel runs (the device's `run`), timed alone: GlobalCounters.time_sum_s and DEBUG=2 count run time
-only, and DEBUG=2 shows a kernel's compile time beside it when it was compiled in this realize.
+only, and DEBUG=2 shows a kernel's compile time beside it when it was compiled in this realize. A graph scheduled
+before runs its prepared Launch instead, on the CPU all its kernels in one native call, timed together.
 GRAPH=1 and PORT=1 write the graphs and the standalone C program of each realize (viz.py, export/program.py)
 before it runs. TinyJit records the kernels run inside `with capture() as steps:`, and the host steps
 (`run_on_host`: Python on host buffers between kernels, such as an MPI all-reduce) so that a replay
