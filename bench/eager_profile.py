@@ -15,7 +15,8 @@ wrapped call, ~0.8 us with --cpu-time; the stages don't nest except where said):
   schedule      the cache lookup, and scheduling anew on a miss (engine/schedule.schedule_graph)
   buffers       Buffer.allocate of new outputs (the memory pool)
   launch        running a kernel (argument list, thread split, the ctypes call, the kernel itself): Compiled.run,
-                or the call a remembered schedule's prepared launch keeps (Compiled.launcher)
+                the call a remembered schedule's prepared launch keeps (Compiled.launcher), or the one native call
+                that runs all of a prepared launch's CPU kernels (KernelList.run)
   run rest      run_schedule or run_launch minus buffers and launch (counters, setting the outputs, capture lists)
   front end     everything else: Tensor ops, autograd Functions, LazyBuffers and views, backward, optimizer
   gc            Python's garbage collector (gc.callbacks), inside whichever stage it interrupted
@@ -46,12 +47,13 @@ class StageClock:
     import tinychad.engine.realize as realize_mod
     from tinychad.device import Buffer
     from tinychad.runtime.compiled import Compiled
+    from tinychad.runtime.threads import KernelList
     self.seconds = dict.fromkeys(STAGES, 0.0)
     self._depth = dict.fromkeys(STAGES, 0)
     self._gc_start = 0.0
     self._patches = [(realize_mod, "graph_key"), (realize_mod, "lookup"), (realize_mod, "schedule_graph"),
                      (realize_mod, "run_schedule"), (realize_mod, "run_launch"), (Buffer, "allocate"), (Compiled, "run"),
-                     (Compiled, "launcher")]
+                     (Compiled, "launcher"), (KernelList, "run")]
     self._saved = [(owner, name, owner.__dict__[name]) for owner, name in self._patches]
 
   def _timed(self, fn: Callable, stage: str) -> Callable:
@@ -79,6 +81,7 @@ class StageClock:
     import tinychad.engine.realize as realize_mod
     from tinychad.device import Buffer
     from tinychad.runtime.compiled import Compiled
+    from tinychad.runtime.threads import KernelList
     realize_mod.graph_key = self._timed(realize_mod.graph_key, "graph key")
     realize_mod.lookup = self._timed(realize_mod.lookup, "schedule")
     realize_mod.schedule_graph = self._timed(realize_mod.schedule_graph, "schedule")
@@ -88,6 +91,7 @@ class StageClock:
     Compiled.run = staticmethod(self._timed(Compiled.__dict__["run"].__func__, "launch"))
     launcher = Compiled.launcher
     Compiled.launcher = lambda device, kernel, points: self._timed(launcher(device, kernel, points), "launch")
+    KernelList.run = self._timed(KernelList.run, "launch")
     self._drop_launches()
     gc.callbacks.append(self._gc)
     return self
