@@ -41,7 +41,7 @@ def test_capture_sees_kernels_and_copies_and_nests():
 
 def test_a_remembered_schedule_of_several_kernels_runs_them_in_one_native_call(monkeypatch):
   """The second realize of a graph runs its prepared launch: on the CPU one KernelList call for all its kernels, with the
-  values and the counters of the first (long) way; where the thread pool can't start, each kernel's own call."""
+  values and the counters of the first (long) way; where the thread pool can't start, the same list on this thread."""
   from tinychad.engine import schedule_cache
   from tinychad.runtime.threads import KernelList
   a, b = Tensor(np.arange(12, dtype=np.float32).reshape(3, 4)).realize(), Tensor(np.ones(4, np.float32)).realize()
@@ -57,6 +57,11 @@ def test_a_remembered_schedule_of_several_kernels_runs_them_in_one_native_call(m
   again, again_kernels = step()
   np.testing.assert_array_equal(again, first)
   assert again_kernels == kernels
-  monkeypatch.setattr(KernelList, "run", lambda self: False)
+  run, threads_asked = KernelList.run, []
+  def pool_fails(self, threads=None):
+    threads_asked.append(threads)
+    return threads == 1 and run(self, 1)
+  monkeypatch.setattr(KernelList, "run", pool_fails)
   fallback, _ = step()
   np.testing.assert_array_equal(fallback, first)
+  assert threads_asked == [None, 1]

@@ -350,27 +350,24 @@ class ArgMax(Function):
   `countdown` (n, n-1, ..., 1: an int64 input), taken from n; a NaN counts as the maximum (the max is NaN then), as in
   PyTorch. One Function, so that a decoding step's greedy pick is one node (one_node, which it always takes: an index
   has no gradient), not its nine ops."""
-  def forward(self, x: LazyBuffer, countdown: LazyBuffer, axis: int, keepdim: bool) -> LazyBuffer:
+  def forward(self, x: LazyBuffer, countdown: LazyBuffer, axis: int) -> LazyBuffer:
+    """The index with `axis` kept as 1 (the node's shape: one_node drops the axis for keepdim=False)."""
     n = x.shape[axis]
     is_max = x.e(BinaryOps.CMPEQ, x.r(ReduceOps.MAX, (axis,)).expand(x.shape))
     if x.dtype.is_float: is_max = is_max.e(BinaryOps.OR, x.e(BinaryOps.CMPNE, x))
     ranks = countdown.reshape(tuple(n if d == axis else 1 for d in range(len(x.shape)))).expand(x.shape)
     first = is_max.cast(countdown.dtype).e(BinaryOps.MUL, ranks).r(ReduceOps.MAX, (axis,))
-    index = first.const_like(n).e(BinaryOps.SUB, first)
-    return index if keepdim else index.reshape(_without(index.shape, axis))
+    return first.const_like(n).e(BinaryOps.SUB, first)
 
   @staticmethod
   def one_node(x: LazyBuffer, countdown: LazyBuffer, axis: int, keepdim: bool) -> LazyBuffer:
     kept = tuple(1 if d == axis else s for d, s in enumerate(x.shape))
     node = LazyBuffer.subgraph((x, countdown), _argmax_graph, (axis,), kept, countdown.dtype)
-    return node if keepdim else node.reshape(_without(kept, axis))
+    return node if keepdim else node.reshape(kept[:axis] + kept[axis + 1:])
 
 
 def _argmax_graph(srcs: tuple[LazyBuffer, ...], axis: int) -> LazyBuffer:
-  return object.__new__(ArgMax).forward(*srcs, axis=axis, keepdim=True)
-
-
-def _without(shape: tuple[int, ...], axis: int) -> tuple[int, ...]: return shape[:axis] + shape[axis + 1:]
+  return object.__new__(ArgMax).forward(*srcs, axis=axis)
 
 
 class Sum(Function):

@@ -229,24 +229,22 @@ def run_launch(launch: Launch, nodes: list[LazyBuffer]) -> None:
 
 def _run_listed(launch: Launch, nodes: list[LazyBuffer], made: list[Buffer | None]) -> None:
   """run_launch's work with every kernel in one native call: the buffers first, their addresses written into the
-  kernels' argument slots, then the call (or, where the thread pool can't start, each kernel's own call)."""
-  args, slot, calls = launch.kernels.args, 0, []
+  kernels' argument slots, then the call (on this thread alone where the thread pool can't start)."""
+  args, slot = launch.kernels.args, 0
   for out, (device, size, dtype), ins, call, info in launch.steps:
     buf = Buffer(device, size, dtype).allocate()
     if call is not None:
-      bufs = [buf]
-      for i in ins: bufs.append(nodes[i].realized if i >= 0 else made[-1 - i])
-      for b in bufs:
-        args[slot] = b.address
+      args[slot] = buf.address
+      for i in ins:
         slot += 1
-      calls.append((call, bufs))
+        args[slot] = (nodes[i].realized if i >= 0 else made[-1 - i]).address
+      slot += 1
     if out >= 0:
       lb = nodes[out]
       lb.realized, lb.srcs = buf, ()
     else: made[-1 - out] = buf
   start = time.perf_counter()
-  if not launch.kernels.run():
-    for call, bufs in calls: call(bufs)
+  if not launch.kernels.run(): launch.kernels.run(threads=1)
   kernels, ops, moved = launch.totals
   GlobalCounters.kernel_count += kernels
   GlobalCounters.global_ops += ops

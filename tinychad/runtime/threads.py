@@ -253,10 +253,11 @@ class KernelList:
     """Whether a kernel of this many buffers can be in a KernelList (a C compiler built the pool)."""
     return buffers <= POOL_MAX_ARGS and _native_list() is not None
 
-  def run(self) -> bool:
-    """Run them all; False (nothing run) when the pool could not start its threads."""
-    return _native_list()(self.count, self.fns, self.args, self.offsets, self.extents, self.wide, thread_count(),
-                          CHUNKS_PER_THREAD) == 0
+  def run(self, threads: int | None = None) -> bool:
+    """Run them all, on `threads` threads (THREADS's count by default); False (nothing run) when the pool could not
+    start its threads, which never happens with one."""
+    return _native_list()(self.count, self.fns, self.args, self.offsets, self.extents, self.wide,
+                          thread_count() if threads is None else threads, CHUNKS_PER_THREAD) == 0
 
 
 _pool: ThreadPoolExecutor | None = None
