@@ -128,13 +128,40 @@ def test_channels_last_to_nchw_copy(mode):
 
 
 def test_transpose_moves_a_block_per_step(monkeypatch):
+  # float32: a line along the load's axis, one SIMD vector along the store's, read as whole vectors and
+  # transposed in registers (log2(width) rounds of `width` shuffles per square block)
   monkeypatch.setenv("NOOPT", "0")
   x = Tensor.rand(512, 512, device="NUMPY")
   (item,) = [it for it in create_schedule([x.T.contiguous().lazydata]) if it.is_kernel]
-  stores = [u for u in linearize(item.ast, item.name).uops if u.op is UOps.STORE]
-  assert len(stores) == (TRANSPOSE_LINE_BYTES // 4) * TRANSPOSE_STORE_LANES
+  uops = linearize(item.ast, item.name).uops
+  width, line = simd_bytes() // 4, TRANSPOSE_LINE_BYTES // 4
+  stores = [u for u in uops if u.op is UOps.STORE]
+  assert len(stores) == line and all(u.srcs[2].vec == width for u in stores)
+  assert all(u.vec == width for u in uops if u.op is UOps.LOAD)
+  assert sum(1 for u in uops if u.op is UOps.SHUFFLE) == line * (width.bit_length() - 1)
   monkeypatch.setenv("NOOPT", "1")
   assert sum(1 for u in linearize(item.ast, item.name).uops if u.op is UOps.STORE) == 1
+
+
+def test_narrow_transpose_moves_a_scalar_block(monkeypatch):
+  # bool: a line along the load's axis is narrower than a SIMD vector of bytes, so the block is scalar lanes
+  monkeypatch.setenv("NOOPT", "0")
+  x = Tensor(rng.random((512, 512)) > 0.5, device="NUMPY")
+  (item,) = [it for it in create_schedule([x.T.contiguous().lazydata]) if it.is_kernel]
+  uops = linearize(item.ast, item.name).uops
+  stores = [u for u in uops if u.op is UOps.STORE]
+  assert len(stores) == min(16, TRANSPOSE_LINE_BYTES) * TRANSPOSE_STORE_LANES and all(u.srcs[2].vec == 1 for u in stores)
+  assert not any(u.op is UOps.SHUFFLE for u in uops)
+
+
+def test_transposed_block_with_other_loads(mode):
+  # a momentum update reading a transposed gradient: loads along the store's axis, a broadcast, a transposed one
+  v, g = rng.standard_normal((512, 4608), dtype=np.float32), rng.standard_normal((4608, 512), dtype=np.float32)
+  bias = rng.standard_normal((512, 1), dtype=np.float32)
+  _check(lambda v, g, bias: v * 0.9 + g.T - bias, v, g, bias)
+  # float64 (half the lanes) and a mask along the transposed axis that changes inside a block (lane by lane)
+  _check(lambda v, g: v + g.T, v.astype(np.float64)[:, :1024], g.astype(np.float64)[:1024])
+  _check(lambda g: g.T.pad(((3, 5), (0, 0))).contiguous(), g[:, :504])
 
 
 def _stacked_with_broadcast(a, b, c):

@@ -14,7 +14,10 @@ The heuristics, in order (every choice divides its axis, except a register tile'
     first, then half and a quarter of it;
   - transpose block (a large elementwise kernel without a vector axis whose load runs along another
     axis than its store): a cache line along the load's axis and a few elements along the store's
-    are unrolled, the store's axis innermost;
+    are unrolled, the store's axis innermost. Where a SIMD width divides both axes (and the loads that
+    don't run along the load's axis run along the store's, or stay put), the block is SIMD along the
+    store's axis instead: each transposed load reads whole vectors along its own axis and swaps them
+    into the store's in registers (`transposed`, codegen/values.py);
   - masked unroll (an elementwise kernel reading an input through a mask that changes along a short axis:
     a cat, a pad, an LSTM's gate slots): that axis is unrolled whole, so each copy's masks are constants;
   - register tile (kernels with a reduce): a non-reduce axis along which a load is reused (stride 0)
@@ -158,6 +161,8 @@ class Opts:
   stage: int | None = None           # the leaf (index into the leaves) copied into a scratch panel
   cache_rows: bool = True            # a row pass reads the costly values its reduce computed (rowcache.py)
   stream: bool = True                # a big output is written with streaming stores (stream_min_bytes)
+  transposed: int | None = None      # the axis along which the loads that don't run along the vector axis are
+                                     # read as whole vectors, then transposed in registers (_transpose_opts)
 
 
 # a kernel writes with streaming stores only an output at least this big (and at least the last-level
@@ -397,13 +402,14 @@ def tails_are_valid(dims: Dims, opts: Opts) -> bool:
   return any(dims[a][0] // opts.upcast.get(a, 1) > 1 for a in before)
 
 
-def _transpose_opts(dims: Dims, leaves: list[LeafAccess]) -> Opts | None:
+def _transpose_opts(dims: Dims, leaves: list[LeafAccess], dtypes_used: set[DType]) -> Opts | None:
   """An elementwise kernel that stores along one axis and loads along another (an NHWC -> NCHW copy,
-  x.T.contiguous()) has no SIMD axis, and its plain loop reads one element per cache line. Instead it
-  moves a block at a time: a cache line of elements along the load's axis (unrolled), times
-  TRANSPOSE_STORE_LANES along the store's axis (unrolled too when they divide it; its loop is the
-  innermost either way). Each step reads whole lines and writes half lines that the next step
-  completes, however far apart the rows are."""
+  x.T.contiguous(), a momentum update reading a transposed gradient) has no SIMD axis, and its plain loop
+  reads one element per cache line. Instead it moves a block at a time: a cache line of elements along the
+  load's axis (unrolled), times TRANSPOSE_STORE_LANES along the store's axis (unrolled too when they divide
+  it; its loop is the innermost either way). Each step reads whole lines and writes half lines that the next
+  step completes, however far apart the rows are. Where a SIMD width divides both axes, the block is SIMD
+  along the store's axis (_transposed_block)."""
   if any(r for _, r in dims) or any(None in leaf.strides for leaf in leaves): return None
   # the unrolled block is slow to compile: worth it only for a copy that takes a while
   if prod(size for size, _ in dims) < TRANSPOSE_MIN_POINTS: return None
@@ -415,10 +421,28 @@ def _transpose_opts(dims: Dims, leaves: list[LeafAccess]) -> Opts | None:
     axis, per_line = leaf.strides.index(1), min(TRANSPOSE_BLOCK, TRANSPOSE_LINE_BYTES // leaf.itemsize)
     if dims[axis][0] % per_line or dims[inner][0] < per_line: continue
     order = [d for d in _natural_order(dims) if d != inner] + [inner]
+    block = _transposed_block(dims, leaves, dtypes_used, inner, axis, per_line)
+    if block is not None: return Opts(upcast=block, vector=(inner, block[inner]), order=order, transposed=axis)
     upcast = {axis: per_line}
     if dims[inner][0] % TRANSPOSE_STORE_LANES == 0: upcast[inner] = TRANSPOSE_STORE_LANES
     return Opts(upcast=upcast, order=order)
   return None
+
+
+def _transposed_block(dims: Dims, leaves: list[LeafAccess], dtypes_used: set[DType], inner: int, axis: int,
+                      per_line: int) -> dict[int, int] | None:
+  """The upcasts of a transpose block that is SIMD along the store's axis `inner`, `width` lanes wide: a line
+  along the load's `axis` (whole vectors of it), one vector along `inner`. Each load either runs along
+  `inner` or stays put there (a vector or one element per step), or runs along `axis` (read as `width`
+  vectors along it, one per lane of the store's vector, and transposed in registers: values.py). None where
+  the SIMD width doesn't divide both axes, or a load runs along neither."""
+  widths = _vector_widths(dtypes_used)
+  if not widths: return None
+  width = widths[0]
+  if per_line % width or dims[inner][0] % width: return None
+  for leaf in leaves:
+    if leaf.is_load and leaf.strides[inner] not in (0, 1) and leaf.strides[axis] != 1: return None
+  return {axis: per_line, inner: width}
 
 
 def _unroll_masked(dims: Dims, leaves: list[LeafAccess], opts: Opts) -> Opts:
@@ -439,10 +463,10 @@ def _unroll_masked(dims: Dims, leaves: list[LeafAccess], opts: Opts) -> Opts:
   return opts
 
 
-def _complete(dims: Dims, leaves: list[LeafAccess], vector: Vector) -> Opts:
+def _complete(dims: Dims, leaves: list[LeafAccess], vector: Vector, dtypes_used: set[DType]) -> Opts:
   """The heuristic's choices around a given vector: row vectors, register tile, accumulators."""
   if not _wants_tile(dims):
-    transposed = _transpose_opts(dims, leaves) if vector is None else None
+    transposed = _transpose_opts(dims, leaves, dtypes_used) if vector is None else None
     return transposed or _unroll_masked(dims, leaves, _build_opts(dims, leaves, vector))
   # without a vector axis the tile is scalar accumulators, which still share every load they can
   vec_is_reduce = vector is not None and dims[vector[0]][1]
@@ -469,7 +493,7 @@ def _complete(dims: Dims, leaves: list[LeafAccess], vector: Vector) -> Opts:
 def choose_opts(dims: Dims, leaves: list[LeafAccess], dtypes_used: set[DType], ops_used: set[Op]) -> Opts:
   if getenv("NOOPT", 0): return Opts(order=_natural_order(dims), cache_rows=False, stream=False)
   if not _may_use_lanes(dtypes_used, ops_used): return Opts(order=_natural_order(dims))
-  return _complete(dims, leaves, _heuristic_vector(dims, leaves, dtypes_used))
+  return _complete(dims, leaves, _heuristic_vector(dims, leaves, dtypes_used), dtypes_used)
 
 
 # ---- candidates for the search ----
@@ -483,7 +507,8 @@ def distinct_opts(dims: Dims, found: list[Opts]) -> list[Opts]:
   """`found` without repeats (the first of equal ones stays): equal upcasts, vector and loops."""
   seen, out = set(), []
   for opts in found:
-    key = (tuple(sorted(opts.upcast.items())), opts.vector, _effective_order(dims, opts), opts.unroll, opts.stage)
+    key = (tuple(sorted(opts.upcast.items())), opts.vector, _effective_order(dims, opts), opts.unroll, opts.stage,
+           opts.transposed)
     if key in seen: continue
     seen.add(key)
     out.append(opts)
@@ -493,7 +518,7 @@ def distinct_opts(dims: Dims, found: list[Opts]) -> list[Opts]:
 def _vector_variants(dims: Dims, leaves: list[LeafAccess], dtypes_used: set[DType]) -> list[Opts]:
   # the heuristic takes the widest vector on the axis with the most consecutive accesses; another
   # axis, or a narrower vector (fewer shuffles, more rows in the tile), can be faster
-  return [_complete(dims, leaves, (d, width)) for width in _vector_widths(dtypes_used)
+  return [_complete(dims, leaves, (d, width), dtypes_used) for width in _vector_widths(dtypes_used)
           for d in range(len(dims)) if _vector_score(dims, leaves, d, width) is not None]
 
 
@@ -558,6 +583,6 @@ def order_variants(dims: Dims, opts: Opts) -> list[Opts]:
   natural = _natural_order(dims)
   orders = [natural, natural[::-1]] + [[d] + [a for a in natural if a != d] for d in natural]
   # without staging: which loops pick the staged panel is what these orders change
-  found = [Opts(dict(opts.upcast), opts.vector, order, opts.unroll) for order in orders]
+  found = [Opts(dict(opts.upcast), opts.vector, order, opts.unroll, transposed=opts.transposed) for order in orders]
   # a tail tile must run inside another loop: an order that moves its axis outside them can't keep it
   return [o for o in distinct_opts(dims, [opts] + found) if o is not opts and tails_are_valid(dims, o)]

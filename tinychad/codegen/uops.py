@@ -30,6 +30,8 @@ class UOps(Enum):
                           # goes straight to memory, not through the cache (opt.py's `stream`)
   VECTORIZE = auto()      # srcs = one scalar per lane: the vector of them
   GEP = auto()            # srcs = (vector,), arg = lane: that lane as a scalar
+  SHUFFLE = auto()        # srcs = (a, b), two vectors of vec lanes; arg = a lane number per lane of the result, into
+                          # a's lanes then b's (0 .. 2*vec-1): C's __builtin_shufflevector, LLVM's shufflevector
   # GPU programs only (codegen/gpu.py makes them, renderer/gpu.py writes them):
   SPECIAL = auto()        # a work-item index: arg = (variable name, "global" | "local" | "group", dimension 0..2)
   DEFINE_SHARED = auto()  # an array the whole work-group shares (OpenCL __local, CUDA __shared__): arg = elements

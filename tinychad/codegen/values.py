@@ -110,7 +110,57 @@ def _leaf(ctx: Context, node: KernelNode, lane: Lane, at: Place) -> UOp:
   if at.phase is Phase.REDUCE and ctx.staged is not None and node is ctx.staged.node:
     index = ctx.out.index(ctx.panel_index(lane, at.tail))
     return ctx.out.emit(UOps.LOAD, node.dtype, (ctx.panel, index), vec=len(ctx.vector_lanes(lane)))
-  return read(ctx, node, [ctx.leaf_expr(node, ln, at.tail) for ln in ctx.vector_lanes(lane)])
+  exprs = [ctx.leaf_expr(node, ln, at.tail) for ln in ctx.vector_lanes(lane)]
+  if ctx.opts.transposed is not None and node.op is BufferOps.LOAD and not _one_or_consecutive(exprs):
+    swapped = _transposed(ctx, node, lane, at.tail)
+    if swapped is not None: return swapped
+  return read(ctx, node, exprs)
+
+
+def _one_or_consecutive(exprs: list[tuple[Node, Node | None]]) -> bool:
+  return consecutive(exprs) or all(key_of(e[0]) == key_of(exprs[0][0]) and key_of(e[1]) == key_of(exprs[0][1]) for e in exprs)
+
+
+def _transposed(ctx: Context, node: KernelNode, lane: Lane, tail) -> UOp | None:
+  """A load that runs along the `transposed` axis, not the vector axis (opt._transpose_opts), at `lane`: the
+  square block of `width` lanes along each of the two axes is read as `width` vectors along the transposed
+  axis (one per lane of the vector axis), transposed in registers (_swap_rows), and this lane's row of the
+  result returned. The block is loaded once, at its first lane; None where its rows aren't consecutive
+  elements under one gate each (a mask that changes inside the block): the caller then reads lane by lane."""
+  axis, (_, width) = ctx.opts.transposed, ctx.opts.vector
+  row = lane[axis] % width
+  first = lane[:axis] + (lane[axis] - row,) + lane[axis + 1:]
+  key = ("transposed", node, first, tail)
+  rows = ctx.out.remembered(key)
+  if rows is None:
+    loads = []
+    for start in ctx.vector_lanes(first):
+      along = [ctx.leaf_expr(node, start[:axis] + (start[axis] + k,) + start[axis + 1:], tail) for k in range(width)]
+      if not consecutive(along): return None
+      loads.append(_scalar_leaf(ctx, node, along[0], vec=width))
+    rows = _swap_rows(ctx, loads, node.dtype)
+    ctx.out.remember(key, rows)
+  return rows[row]
+
+
+def _swap_rows(ctx: Context, rows: list[UOp], dtype: DType) -> list[UOp]:
+  """The transpose of a square block held as `width` vectors (row j's lane i becomes row i's lane j), in
+  log2(width) rounds of shuffles: round b pairs rows r and r + b (r without bit b) and interleaves their
+  blocks of b lanes, the even blocks into row r and the odd ones into row r + b. After the rounds for
+  b = 1, 2, 4, ... every lane has moved to its transposed place (24 shuffles for 8 x 8)."""
+  width, rows = len(rows), list(rows)
+  b = 1
+  while b < width:
+    for r in range(width):
+      if r & b: continue
+      # lane p of the result takes block p // b from a (even blocks) or b's row (odd), at the pair's place
+      low = tuple((p // b // 2) * 2 * b + p % b + (width if p // b % 2 else 0) for p in range(width))
+      high = tuple(i + b for i in low)
+      pair = (rows[r], rows[r + b])
+      rows[r] = ctx.out.emit(UOps.SHUFFLE, dtype, pair, low, vec=width)
+      rows[r + b] = ctx.out.emit(UOps.SHUFFLE, dtype, pair, high, vec=width)
+    b *= 2
+  return rows
 
 
 def read(ctx: Context, node: KernelNode, exprs: list[tuple[Node, Node | None]]) -> UOp:

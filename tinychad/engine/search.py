@@ -257,7 +257,7 @@ def _read_cached(path: Path | None) -> SearchResult | None:
     data = json.loads(path.read_text())
     vector = tuple(data["vector"]) if data["vector"] is not None else None
     opts = opt.Opts({d: a for d, a in data["upcast"]}, vector, data["order"], data["unroll"], data["stage"], data["cache_rows"],
-                     data["stream"])
+                     data["stream"], data["transposed"])
     return SearchResult(opts, data["heuristic_s"], data["best_s"], data["tried"], data["rejected"])
   except (OSError, ValueError, KeyError, TypeError):
     return None
@@ -267,7 +267,7 @@ def _write_cached(path: Path | None, result: SearchResult) -> None:
   if path is None: return
   o = result.opts
   data = {"upcast": list(o.upcast.items()), "vector": o.vector, "order": o.order, "unroll": o.unroll, "stage": o.stage,
-          "cache_rows": o.cache_rows, "stream": o.stream,
+          "cache_rows": o.cache_rows, "stream": o.stream, "transposed": o.transposed,
           "heuristic_s": result.heuristic_s, "best_s": result.best_s, "tried": result.tried, "rejected": result.rejected}
   atomic_write(path, json.dumps(data).encode())
 

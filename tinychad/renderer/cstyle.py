@@ -207,6 +207,12 @@ class CRenderer:
     self.names[id(u)] = f"gep{u.num}"
     return f"{u.dtype.c_name} gep{u.num} = {self.ref(u.srcs[0])}[{u.arg}];"
 
+  def shuffle(self, u: UOp) -> str:
+    # gcc (12 on) and clang both have __builtin_shufflevector; each picks the machine's shuffle instructions
+    self.names[id(u)] = f"shuf{u.num}"
+    lanes = ", ".join(str(i) for i in u.arg)
+    return f"{self.type_name(u.dtype, u.vec)} shuf{u.num} = __builtin_shufflevector({self.ref(u.srcs[0])}, {self.ref(u.srcs[1])}, {lanes});"
+
   def alu_line(self, u: UOp) -> str | list[str]:
     name = self.names[id(u)] = f"alu{u.num}"
     if u.vec > 1: return self.vector_alu(u, name)
@@ -239,7 +245,7 @@ class CRenderer:
 LINES = {UOps.RANGE: CRenderer.open_loop, UOps.ENDRANGE: lambda r, u: "}", UOps.DEFINE_LOCAL: CRenderer.define_local,
          UOps.LOAD: CRenderer.load, UOps.DEFINE_ACC: CRenderer.define_acc, UOps.STORE: CRenderer.store,
          UOps.ASSIGN: lambda r, u: f"{r.ref(u.srcs[0])} = {r.ref(u.srcs[1])};", UOps.VECTORIZE: CRenderer.vectorize,
-         UOps.GEP: CRenderer.gep, UOps.ALU: CRenderer.alu_line}
+         UOps.GEP: CRenderer.gep, UOps.SHUFFLE: CRenderer.shuffle, UOps.ALU: CRenderer.alu_line}
 
 
 # ---- ALU rules: what the op table can't spell, as (applies(uop), render) pairs tried in order ----

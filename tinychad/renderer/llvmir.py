@@ -321,6 +321,16 @@ class LLVMRenderer:
     if _simd(u) and self.simd_op(u) and all(x.dtype == u.dtype for x in u.srcs): self.simd_alu(u)
     else: self.values[id(u)] = self.vector(u, lambda i: self.alu(u, [self.lane(x, i) for x in u.srcs]))
 
+  def shuffle(self, u: UOp) -> None:
+    """Lanes picked from two vectors: one shufflevector where they are LLVM vectors, else the lane lists permuted."""
+    if _simd(u):
+      self.width = u.vec
+      mask = ir.Constant(ir.VectorType(ir.IntType(32), u.vec), list(u.arg))
+      self.unpack(u, self.b.shuffle_vector(self.packed(u.srcs[0]), self.packed(u.srcs[1]), mask))
+    else:
+      lanes = self.ref(u.srcs[0]) + self.ref(u.srcs[1])
+      self.values[id(u)] = [lanes[i] for i in u.arg]
+
   def define_local(self, u: UOp) -> None:
     with self.b.goto_block(self.entry):
       self.b.position_at_start(self.entry)
@@ -369,7 +379,7 @@ class LLVMRenderer:
 EMIT = {UOps.RANGE: LLVMRenderer.open_loop, UOps.ENDRANGE: lambda r, u: r.close_loop(u.srcs[0]),
         UOps.LOAD: LLVMRenderer.load_value, UOps.ALU: LLVMRenderer.alu_value, UOps.STORE: LLVMRenderer.store,
         UOps.VECTORIZE: lambda r, u: r.values.__setitem__(id(u), [r.ref(x) for x in u.srcs]),
-        UOps.GEP: lambda r, u: r.values.__setitem__(id(u), r.ref(u.srcs[0])[u.arg]),
+        UOps.GEP: lambda r, u: r.values.__setitem__(id(u), r.ref(u.srcs[0])[u.arg]), UOps.SHUFFLE: LLVMRenderer.shuffle,
         UOps.DEFINE_LOCAL: LLVMRenderer.define_local, UOps.DEFINE_ACC: LLVMRenderer.define_acc,
         UOps.ASSIGN: LLVMRenderer.assign}
 
