@@ -280,13 +280,14 @@ def test_a_host_step_between_kernels_runs_in_its_place():
 
 @pytest.mark.parametrize("debug", ["0", "2"])
 def test_inference_replay_skips_the_kernels_of_unchanged_weights(monkeypatch, debug):
-  """A convolution's forward copies its weight channels-last; for inference the weights don't change, so a
-  replay skips that kernel (it wrote the same values last time), until a weight is assigned outside."""
+  """A convolution's forward copies its weight into channels-last panels; for inference the weights don't change,
+  so a replay skips that kernel (it wrote the same values last time), until a weight is assigned outside."""
   from tinychad import nn, no_grad
   from tinychad.engine import jit as jit_module
   from tinychad.runtime.threads import KernelList
   Tensor.manual_seed(0)
-  conv, head = nn.Conv2d(3, 16, 3, padding=1), nn.Linear(16, 4)
+  # 16 -> 32 channels: wide enough for the weight's panels to be a kernel of their own (3 -> 16 reads it in place)
+  conv, head = nn.Conv2d(16, 32, 3, padding=1), nn.Linear(32, 4)
 
   def forward(x):
     with no_grad(): return head(conv(x).relu().mean((2, 3))).realize()
@@ -299,7 +300,7 @@ def test_inference_replay_skips_the_kernels_of_unchanged_weights(monkeypatch, de
   per_call = []
   for i in range(6):
     if i == 4: conv.weight.assign(conv.weight * 2).realize()       # outside the jitted call: rebinds the weight
-    x = Tensor.randn(2, 3, 8, 8).realize()
+    x = Tensor.randn(2, 16, 16, 16).realize()
     ran.clear()
     out = jitted(x)
     per_call.append(len(ran))

@@ -756,7 +756,11 @@ def _window_product(x: LazyBuffer, weight: LazyBuffer, geo: ConvGeometry) -> Laz
     return _sum(_mul(windows, w), tuple(range(-1 - n, 0))).reshape((bs, cout) + outs)
   # windows as (bs, *out, groups, 1, cin_group, *kernel), weight as (1, *1, groups, out_group, cin_group, *kernel)
   windows = windows.permute((0,) + spatial + (1, 2) + taps).reshape((bs,) + outs + (geo.groups, 1, cin_group) + kernel)
-  w = w.permute((0, 2) + tuple(3 + i for i in range(n)) + (1,)).contiguous()    # (groups, cin_group, *kernel, out_group)
+  w = w.permute((0, 2) + tuple(3 + i for i in range(n)) + (1,))    # (groups, cin_group, *kernel, out_group)
+  # a weight in its own buffer (a parameter) is read through the permutation: the scheduler packs it into panels
+  # (or the kernel stages it) straight from there. Any other view (the input gradient's flipped weight) is
+  # copied channels-last first, as packing through a flip would read it lane by lane
+  if not weight.st.contiguous: w = w.contiguous()
   w = w.permute((0, 2 + n, 1) + tuple(2 + i for i in range(n))).reshape((1,) * (1 + n) + (geo.groups, out_group, cin_group) + kernel)
   out = _sum(_mul(windows, w), tuple(range(-1 - n, 0))).reshape((bs,) + outs + (cout,))
   # (bs, cout, *out) as a view of the channels-last sum: elementwise ops and reductions on it (bias,
