@@ -3,6 +3,6 @@ the compiler comparison of bench/compilers.py with --compilers, and the models t
 from bench.common import main
 
 WORKLOADS = ["bench.matmul", "bench.elementwise", "bench.reduce_sum", "bench.softmax", "bench.conv",
-             "bench.cnn_train", "bench.gpt", "bench.small_ops"]
+             "bench.cnn_train", "bench.gpt", "bench.small_ops", "bench.transpose"]
 
 if __name__ == "__main__": main(WORKLOADS)

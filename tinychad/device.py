@@ -49,8 +49,10 @@ class _MemoryPool:
       address = memory.ctypes.data
     else:
       raw = np.empty(nbytes + alignment, dtype=np.uint8)
-      start = (-raw.ctypes.data) % alignment
-      memory, address = raw[start:start + nbytes], raw.ctypes.data + start
+      # asked once: numpy makes a new ctypes helper object on every .ctypes (~9k instructions)
+      unaligned = raw.ctypes.data
+      start = (-unaligned) % alignment
+      memory, address = raw[start:start + nbytes], unaligned + start
     return memory, address, ctypes.c_void_p(address)
 
   def give(self, memory: np.ndarray, address: int, pointer: ctypes.c_void_p) -> None:
