@@ -3,8 +3,9 @@
 in: a Context, a node of the kernel tree, a lane and a Place (context.py)
 out: the UOp holding the node's value there, its sources emitted before it
 Each value is lowered once per unrolled lane; a leaf whose lanes read one element stays scalar
-(broadcast by its users), consecutive elements become one vector load, and anything else loads each
-lane and gathers them (VECTORIZE), so every view pattern stays correct. A lowered value is remembered
+(broadcast by its users), consecutive elements become one vector load, a transposed load in a transpose
+block (opt.py's `transposed`) reads whole vectors along its own axis and shuffles them into place, and
+anything else loads each lane and gathers them (VECTORIZE), so every view pattern stays correct. A lowered value is remembered
 in the emitter's CSE scopes under (node, lane, tail): a tree is a DAG (a value read by several ops), and
 lowering it as a tree would lower a shared subtree once per path to it, exponentially often. The tail
 tile is part of the key: a tile without a loop of its own shares its scope with the tail after it,
@@ -16,7 +17,7 @@ from tinychad.helpers import toposort
 from tinychad.ops import OP_INFO, Op, UnaryOps, BinaryOps, TernaryOps, ReduceOps, BufferOps, KernelNode
 from tinychad.codegen.analyze import LEAF_OPS, key_of
 from tinychad.codegen.emit import row_inside
-from tinychad.codegen.context import Context, Lane, Phase, Place
+from tinychad.codegen.context import Context, Lane, Phase, Place, Tail
 from tinychad.codegen.symbolic import Node, Num
 from tinychad.codegen.uops import UOp, UOps
 
@@ -118,10 +119,12 @@ def _leaf(ctx: Context, node: KernelNode, lane: Lane, at: Place) -> UOp:
 
 
 def _one_or_consecutive(exprs: list[tuple[Node, Node | None]]) -> bool:
-  return consecutive(exprs) or all(key_of(e[0]) == key_of(exprs[0][0]) and key_of(e[1]) == key_of(exprs[0][1]) for e in exprs)
+  """The lanes read one element, or consecutive ones (read's vector load)."""
+  first = (key_of(exprs[0][0]), key_of(exprs[0][1]))
+  return consecutive(exprs) or all((key_of(index), key_of(valid)) == first for index, valid in exprs)
 
 
-def _transposed(ctx: Context, node: KernelNode, lane: Lane, tail) -> UOp | None:
+def _transposed(ctx: Context, node: KernelNode, lane: Lane, tail: Tail) -> UOp | None:
   """A load that runs along the `transposed` axis, not the vector axis (opt._transpose_opts), at `lane`: the
   square block of `width` lanes along each of the two axes is read as `width` vectors along the transposed
   axis (one per lane of the vector axis), transposed in registers (_swap_rows), and this lane's row of the

@@ -208,10 +208,10 @@ class CRenderer:
     return f"{u.dtype.c_name} gep{u.num} = {self.ref(u.srcs[0])}[{u.arg}];"
 
   def shuffle(self, u: UOp) -> str:
-    # gcc (12 on) and clang both have __builtin_shufflevector; each picks the machine's shuffle instructions
     self.names[id(u)] = f"shuf{u.num}"
-    lanes = ", ".join(str(i) for i in u.arg)
-    return f"{self.type_name(u.dtype, u.vec)} shuf{u.num} = __builtin_shufflevector({self.ref(u.srcs[0])}, {self.ref(u.srcs[1])}, {lanes});"
+    self.helpers["TC_SHUFFLE"] = SHUFFLE_MACRO
+    a, b, lanes = self.ref(u.srcs[0]), self.ref(u.srcs[1]), ", ".join(str(i) for i in u.arg)
+    return f"{self.type_name(u.dtype, u.vec)} shuf{u.num} = TC_SHUFFLE({self.mask_type(u)}, {a}, {b}, {lanes});"
 
   def alu_line(self, u: UOp) -> str | list[str]:
     name = self.names[id(u)] = f"alu{u.num}"
@@ -240,6 +240,15 @@ class CRenderer:
     head = f"void {self.symbol}({', '.join(params)}) {{"
     return "\n".join([head] + body + ["}"])
 
+
+
+# lanes picked from two vectors: clang's builtin takes the lane numbers, gcc's a vector of them (gcc has the
+# clang spelling only from 12 on); either way the compiler picks the machine's shuffle instructions
+SHUFFLE_MACRO = """#ifdef __clang__
+#define TC_SHUFFLE(mask, a, b, ...) __builtin_shufflevector(a, b, __VA_ARGS__)
+#else
+#define TC_SHUFFLE(mask, a, b, ...) __builtin_shuffle(a, b, (mask){__VA_ARGS__})
+#endif"""
 
 
 LINES = {UOps.RANGE: CRenderer.open_loop, UOps.ENDRANGE: lambda r, u: "}", UOps.DEFINE_LOCAL: CRenderer.define_local,
