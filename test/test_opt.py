@@ -15,7 +15,8 @@ import pytest
 from tinychad import Tensor
 from tinychad.codegen import linearize, UOps
 from tinychad.codegen.opt import (REDUCE_UNROLL, STAGE_MAX_BYTES, TILE_ROWS, TRANSPOSE_LINE_BYTES, TRANSPOSE_MIN_POINTS,
-                                  TRANSPOSE_STORE_LANES, LeafAccess, choose_opts, panel_width, simd_bytes)
+                                  TRANSPOSE_SIMD_MIN_POINTS, TRANSPOSE_STORE_LANES, LeafAccess, choose_opts, panel_width,
+                                  simd_bytes)
 from tinychad.dtype import dtypes
 from tinychad.codegen.pack import PACK_MIN_STRIDE_BYTES
 from tinychad.engine.schedule import create_schedule
@@ -141,6 +142,18 @@ def test_transpose_moves_a_block_per_step(monkeypatch):
   assert sum(1 for u in uops if u.op is UOps.SHUFFLE) == line * (width.bit_length() - 1)
   monkeypatch.setenv("NOOPT", "1")
   assert sum(1 for u in linearize(item.ast, item.name).uops if u.op is UOps.STORE) == 1
+
+
+def test_smaller_transposes_take_only_the_simd_block(monkeypatch):
+  # between the two thresholds a SIMD block pays for its compile, a scalar one doesn't: plain loops
+  monkeypatch.setenv("NOOPT", "0")
+  shape = (256, TRANSPOSE_SIMD_MIN_POINTS // 256)
+  assert TRANSPOSE_SIMD_MIN_POINTS <= shape[0] * shape[1] < TRANSPOSE_MIN_POINTS
+  for x, shuffles in ((Tensor.rand(*shape, device="NUMPY"), True), (Tensor(rng.random(shape) > 0.5, device="NUMPY"), False)):
+    (item,) = [it for it in create_schedule([x.T.contiguous().lazydata]) if it.is_kernel]
+    uops = linearize(item.ast, item.name).uops
+    assert any(u.op is UOps.SHUFFLE for u in uops) == shuffles
+    if not shuffles: assert sum(1 for u in uops if u.op is UOps.STORE) == 1
 
 
 def test_narrow_transpose_moves_a_scalar_block(monkeypatch):

@@ -95,6 +95,7 @@ REDUCE_UNROLL = 4
 STAGE_MAX_BYTES = 512 * 1024
 TRANSPOSE_LINE_BYTES = 64      # a cache line: what one step of a transposing copy reads (_transpose_opts)
 TRANSPOSE_MIN_POINTS = 1 << 18  # smaller transposing kernels keep plain loops (the compile costs more than it saves)
+TRANSPOSE_SIMD_MIN_POINTS = 1 << 16  # the same for a SIMD block (_transposed_block), which compiles in half the time
 TRANSPOSE_BLOCK = 16           # at most this many elements of a line along the load's axis
 TRANSPOSE_STORE_LANES = 8      # elements along the store's axis per step: 16x8 compiles in half the time of
                                # 16x16 and runs about as fast
@@ -412,7 +413,8 @@ def _transpose_opts(dims: Dims, leaves: list[LeafAccess], dtypes_used: set[DType
   along the store's axis (_transposed_block)."""
   if any(r for _, r in dims) or any(None in leaf.strides for leaf in leaves): return None
   # the unrolled block is slow to compile: worth it only for a copy that takes a while
-  if prod(size for size, _ in dims) < TRANSPOSE_MIN_POINTS: return None
+  points = prod(size for size, _ in dims)
+  if points < TRANSPOSE_SIMD_MIN_POINTS: return None
   store = next(leaf for leaf in leaves if leaf.is_store)
   if 1 not in store.strides: return None
   inner = store.strides.index(1)
@@ -423,6 +425,7 @@ def _transpose_opts(dims: Dims, leaves: list[LeafAccess], dtypes_used: set[DType
     order = [d for d in _natural_order(dims) if d != inner] + [inner]
     block = _transposed_block(dims, leaves, dtypes_used, inner, axis, per_line)
     if block is not None: return Opts(upcast=block, vector=(inner, block[inner]), order=order, transposed=axis)
+    if points < TRANSPOSE_MIN_POINTS: return None
     upcast = {axis: per_line}
     if dims[inner][0] % TRANSPOSE_STORE_LANES == 0: upcast[inner] = TRANSPOSE_STORE_LANES
     return Opts(upcast=upcast, order=order)
