@@ -88,8 +88,28 @@ def test_ir_pretty_and_sources():
   for word in ("DEFINE_GLOBAL", "RANGE", "DEFINE_ACC", "LOAD", "ASSIGN", "STORE", "ENDRANGE"): assert word in text
   c = render_c(prog)
   assert f"void {item.name}(float* restrict data0, const float* restrict data1, long long start, long long end)" in c
-  assert "? data1[" in c and "-INFINITY" in c
+  assert "? *(data1+" in c and "-INFINITY" in c
   assert f'define void @"{item.name}"' in render_llvm(prog)
+
+
+def test_only_kernels_with_signed_integer_arithmetic_wrap():
+  """-fwrapv (numpy's wrapping overflow) only for a kernel whose signed integers may overflow: index arithmetic
+  never does, and gcc steps its pointers better without the flag."""
+  from tinychad.renderer.cstyle import WRAPS_MARKER
+  from tinychad.runtime.cc import WRAP_FLAG, compile_flags
+  st = ShapeTracker.from_shape((64,))
+  def kernel(op, dtype):
+    load = KernelNode(BufferOps.LOAD, (), (1, st), dtype)
+    return KernelNode(BufferOps.STORE, (KernelNode(op, (load, load), None, dtype),), (0, st), dtype)
+  for op, dtype, wraps in ((BinaryOps.ADD, dtypes.float32, False), (BinaryOps.MAX, dtypes.int32, False),
+                           (BinaryOps.ADD, dtypes.uint8, False), (BinaryOps.ADD, dtypes.int32, True),
+                           (BinaryOps.MUL, dtypes.int64, True)):
+    prog = linearize(kernel(op, dtype), "E_64")
+    source = render_c(prog)
+    assert prog.wraps == wraps and (WRAPS_MARKER in source) == wraps, (op, dtype)
+    assert (WRAP_FLAG in compile_flags(source=source)) == wraps, (op, dtype)
+  x = np.array([2**31 - 1, -2**31], np.int32)
+  np.testing.assert_array_equal((Tensor(x) + Tensor(x)).numpy(), x + x)   # wraps on the CPU device, as numpy does
 
 
 def test_large_kernels_use_64bit_indices():

@@ -58,6 +58,7 @@ class Program:
   parallel: int | tuple = 0  # extent of the loop threads may split (its [start, end) are the last two arguments); 0: none;
                              # a GPU Program's launch: (global sizes x3, local sizes x3)
   contract: bool = False  # a float sum reordered into partial sums anyway: fused multiply-add is welcome
+  wraps: bool = True      # signed integer arithmetic that must wrap on overflow, as numpy's does (C: -fwrapv)
 
   def pretty(self) -> str:
     """One instruction per line: number, op, dtype, sources, argument."""

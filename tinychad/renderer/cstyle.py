@@ -182,7 +182,7 @@ class CRenderer:
   def load(self, u: UOp) -> str:
     self.names[id(u)] = f"val{u.num}"
     vtype = self.type_name(u.dtype, u.vec)
-    read = f"{self.ref(u.srcs[0])}[{self.ref(u.srcs[1])}]" if u.vec == 1 else f"*(const {vtype}u*)({self.address(u)})"
+    read = f"*({self.address(u)})" if u.vec == 1 else f"*(const {vtype}u*)({self.address(u)})"
     if len(u.srcs) == 3: read = f"{self.ref(u.srcs[2])} ? {read} : {'0' if u.vec == 1 else f'({vtype}){{}}'}"
     return f"{vtype} val{u.num} = {read};"
 
@@ -241,6 +241,10 @@ class CRenderer:
     return "\n".join([head] + body + ["}"])
 
 
+
+# the first line of a file whose kernels compute signed integers that must wrap on overflow (Program.wraps): the
+# host compiler then adds -fwrapv (runtime/cc.py)
+WRAPS_MARKER = "// tinychad: signed integer arithmetic wraps"
 
 # lanes picked from two vectors: clang's builtin takes the lane numbers, gcc's a vector of them (gcc has the
 # clang spelling only from 12 on); either way the compiler picks the machine's shuffle instructions
@@ -389,4 +393,5 @@ def render_c_library(programs: list[Program], symbols: list[str]) -> str:
     functions.append(renderer.render_function())
     typedefs.update(renderer.typedefs)
     helpers.update(renderer.helpers)
-  return "\n".join(["#include <math.h>", *typedefs.values(), *helpers.values(), *functions, ""])
+  marker = [WRAPS_MARKER] if any(p.wraps for p in programs) else []
+  return "\n".join([*marker, "#include <math.h>", *typedefs.values(), *helpers.values(), *functions, ""])

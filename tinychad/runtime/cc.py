@@ -6,7 +6,10 @@ out: the shared library's bytes (build_c), or the library loaded with ctypes (lo
 The compiler is `CC`, else the first of clang, gcc and cc that builds the C renderer's code (it needs
 C11 `_Float16`: clang 14 on x86 has none, and taking it anyway would leave the CPU device unavailable).
 Flags: -O2 -march=native -fPIC -shared, plus
-  -fwrapv             integer overflow wraps as in numpy (signed overflow is otherwise undefined in C)
+  -fwrapv             integer overflow wraps as in numpy (signed overflow is otherwise undefined in C); only
+                      for a source that carries WRAPS_MARKER (the C renderer writes it for a kernel with signed
+                      integer arithmetic, Program.wraps): elsewhere it only costs, as gcc must then redo
+                      each index sum in 32 bits instead of stepping pointers
   -fno-math-errno     sqrt may be one instruction (nothing reads errno)
   -ffp-contract=off   no fused multiply-add: a*b+c rounds twice, exactly like numpy; except in kernels
                       whose float sum is already split into partial sums (Program.contract), where
@@ -35,9 +38,11 @@ import subprocess
 import tempfile
 from pathlib import Path
 from tinychad.host import simd_bytes
+from tinychad.renderer.cstyle import WRAPS_MARKER
 from tinychad.runtime.cache import cache_dir, cache_key, cached_bytes, memoize
 
-BASE_FLAGS = ["-O2", "-march=native", "-fPIC", "-shared", "-fwrapv", "-fno-math-errno", "-ffp-contract=off"]
+BASE_FLAGS = ["-O2", "-march=native", "-fPIC", "-shared", "-fno-math-errno", "-ffp-contract=off"]
+WRAP_FLAG = "-fwrapv"
 CONTRACT_FLAG = "-ffp-contract=fast"
 # on AVX-512 hosts: clang otherwise splits each 16-float vector into two 8-float halves (its tuning
 # for these CPUs prefers 256-bit registers), and a 6x64 matmul tile's 24 accumulators become 48 that
@@ -83,7 +88,8 @@ def _is_gcc(cc: str) -> bool:
 def compile_flags(contract: bool = False, source: str = "", cc: str = "") -> list[str]:
   gcc = GCC_FLAGS + (GCC_HALF_FLAGS if "_Float16" in source else []) if cc and _is_gcc(cc) else []
   wide = [AVX512_FLAG] if simd_bytes() == 64 else []
-  flags = BASE_FLAGS + wide + gcc + shlex.split(os.getenv("CC_FLAGS_EXTRA", ""))
+  wrap = [WRAP_FLAG] if WRAPS_MARKER in source else []
+  flags = BASE_FLAGS + wrap + wide + gcc + shlex.split(os.getenv("CC_FLAGS_EXTRA", ""))
   return [CONTRACT_FLAG if f == "-ffp-contract=off" else f for f in flags] if contract else flags
 
 
