@@ -312,12 +312,14 @@ def make_and(nodes: list[Node]) -> Node:
 
 
 def fits_int32(nodes: list[Node]) -> bool:
-  """True when every sub-expression's range fits a C int (else index math needs 64 bits)."""
+  """True when every sub-expression's range fits a C int (else index math needs 64 bits); for a sum, every
+  partial sum in any order: C's int overflow is undefined where a kernel isn't built with -fwrapv."""
   limit = 2**31 - 1
   stack = list(nodes)
   while stack:
     node = stack.pop()
     if max(abs(node.lo), abs(node.hi)) > limit: return False
+    if isinstance(node, Sum) and sum(max(abs(t.lo), abs(t.hi)) for t in node.terms) > limit: return False
     for attr in ("a", "terms"):
       child = getattr(node, attr, None)
       if isinstance(child, Node): stack.append(child)

@@ -71,7 +71,7 @@ class CRenderer:
     self.helpers: dict[str, str] = {}     # POLY_MATH functions this kernel calls: name -> definition
 
   def address(self, u: UOp) -> str:
-    """The pointer a vector LOAD or STORE reads or writes. An index `i + constant` becomes the
+    """The pointer a LOAD or a vector STORE reads or writes. An index `i + constant` becomes the
     pointer `buf + i + constant`: pointer steps, where the int sum could wrap (-fwrapv), so gcc
     would sign-extend each sum again; a 6x64 matmul tile's 4 row loads cost 8 extra instructions."""
     buf, idx = u.srcs[0], u.srcs[1]
