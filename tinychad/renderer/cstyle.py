@@ -75,8 +75,7 @@ class CRenderer:
     pointer `buf + i + constant`: pointer steps, where the int sum could wrap (-fwrapv), so gcc
     would sign-extend each sum again; a 6x64 matmul tile's 4 row loads cost 8 extra instructions."""
     buf, idx = u.srcs[0], u.srcs[1]
-    if idx.op is UOps.ALU and idx.arg is BinaryOps.ADD and idx.srcs[1].op is UOps.CONST:
-      return f"{self.ref(buf)}+{self.ref(idx.srcs[0])}+{self.ref(idx.srcs[1])}"
+    if _plus_constant(idx): return f"{self.ref(buf)}+{self.ref(idx.srcs[0])}+{self.ref(idx.srcs[1])}"
     return f"{self.ref(buf)}+{self.ref(idx)}"
 
   def ref(self, u: UOp) -> str:
@@ -182,7 +181,9 @@ class CRenderer:
   def load(self, u: UOp) -> str:
     self.names[id(u)] = f"val{u.num}"
     vtype = self.type_name(u.dtype, u.vec)
-    read = f"*({self.address(u)})" if u.vec == 1 else f"*(const {vtype}u*)({self.address(u)})"
+    if u.vec > 1: read = f"*(const {vtype}u*)({self.address(u)})"
+    elif _plus_constant(u.srcs[1]): read = f"*({self.address(u)})"
+    else: read = f"{self.ref(u.srcs[0])}[{self.ref(u.srcs[1])}]"
     if len(u.srcs) == 3: read = f"{self.ref(u.srcs[2])} ? {read} : {'0' if u.vec == 1 else f'({vtype}){{}}'}"
     return f"{vtype} val{u.num} = {read};"
 
@@ -281,6 +282,9 @@ SCALAR_RULES = (
   (lambda u: u.arg in (BinaryOps.DIV, BinaryOps.MOD) and not u.dtype.is_float and not _is_safe_divisor(u.srcs[1]),
    _guarded_divmod),
 )
+
+
+def _plus_constant(index: UOp) -> bool: return index.op is UOps.ALU and index.arg is BinaryOps.ADD and index.srcs[1].op is UOps.CONST
 
 
 def _uniform(u: UOp) -> bool: return all(x.dtype == u.dtype for x in u.srcs)
