@@ -95,8 +95,7 @@ def test_ir_pretty_and_sources():
 def test_only_kernels_with_signed_integer_arithmetic_wrap():
   """-fwrapv (numpy's wrapping overflow) only for a kernel whose signed integers may overflow: index arithmetic
   never does, and gcc steps its pointers better without the flag."""
-  from tinychad.renderer.cstyle import WRAPS_MARKER
-  from tinychad.runtime.cc import WRAP_FLAG, compile_flags
+  from tinychad.runtime.cc import WRAP_FLAG, WRAPS_MARKER, compile_flags
   st = ShapeTracker.from_shape((64,))
   def kernel(op, dtype):
     load = KernelNode(BufferOps.LOAD, (), (1, st), dtype)

@@ -12,6 +12,7 @@ tile is part of the key: a tile without a loop of its own shares its scope with 
 whose lanes have the same offsets but other rows.
 """
 from __future__ import annotations
+from typing import Callable
 from tinychad.dtype import DType, dtypes
 from tinychad.helpers import toposort
 from tinychad.ops import OP_INFO, Op, UnaryOps, BinaryOps, TernaryOps, ReduceOps, BufferOps, KernelNode
@@ -112,16 +113,9 @@ def _leaf(ctx: Context, node: KernelNode, lane: Lane, at: Place) -> UOp:
     index = ctx.out.index(ctx.panel_index(lane, at.tail))
     return ctx.out.emit(UOps.LOAD, node.dtype, (ctx.panel, index), vec=len(ctx.vector_lanes(lane)))
   exprs = [ctx.leaf_expr(node, ln, at.tail) for ln in ctx.vector_lanes(lane)]
-  if ctx.opts.transposed is not None and node.op is BufferOps.LOAD and not _one_or_consecutive(exprs):
-    swapped = _transposed(ctx, node, lane, at.tail)
-    if swapped is not None: return swapped
-  return read(ctx, node, exprs)
-
-
-def _one_or_consecutive(exprs: list[tuple[Node, Node | None]]) -> bool:
-  """The lanes read one element, or consecutive ones (read's vector load)."""
-  first = (key_of(exprs[0][0]), key_of(exprs[0][1]))
-  return consecutive(exprs) or all((key_of(index), key_of(valid)) == first for index, valid in exprs)
+  swap = None
+  if ctx.opts.transposed is not None and node.op is BufferOps.LOAD: swap = lambda: _transposed(ctx, node, lane, at.tail)
+  return read(ctx, node, exprs, swap)
 
 
 def _transposed(ctx: Context, node: KernelNode, lane: Lane, tail: Tail) -> UOp | None:
@@ -166,16 +160,18 @@ def _swap_rows(ctx: Context, rows: list[UOp], dtype: DType) -> list[UOp]:
   return rows
 
 
-def read(ctx: Context, node: KernelNode, exprs: list[tuple[Node, Node | None]]) -> UOp:
+def read(ctx: Context, node: KernelNode, exprs: list[tuple[Node, Node | None]],
+         swap: Callable[[], UOp | None] | None = None) -> UOp:
   """`node` read at one index (and validity) per vector lane: one scalar when every lane reads the
-  same element, one vector load when they read consecutive elements under one gate, else a scalar
-  per lane gathered."""
+  same element, one vector load when they read consecutive elements under one gate, else what `swap`
+  gives (a transposed block's row, _transposed) or, where it gives None, a scalar per lane gathered."""
   if node.op is BufferOps.CONST:
     if all(key_of(e[1]) == key_of(exprs[0][1]) for e in exprs): return _scalar_leaf(ctx, node, exprs[0])
   elif all(key_of(e[0]) == key_of(exprs[0][0]) and key_of(e[1]) == key_of(exprs[0][1]) for e in exprs):
     return _scalar_leaf(ctx, node, exprs[0])
   elif consecutive(exprs):
     return _scalar_leaf(ctx, node, exprs[0], vec=len(exprs))
+  if swap is not None and (swapped := swap()) is not None: return swapped
   parts = tuple(_scalar_leaf(ctx, node, e) for e in exprs)
   return ctx.out.emit(UOps.VECTORIZE, node.dtype, parts, vec=len(parts))
 

@@ -27,6 +27,7 @@ from tinychad.dtype import NATIVE_VECTOR_DTYPES, DType, dtypes
 from tinychad.ops import OP_INFO, COMPARISONS, Op, UnaryOps, BinaryOps, TernaryOps
 from tinychad.codegen.uops import Program, UOp, UOps
 from tinychad.renderer.cmath import POLY_MATH, SCALAR_MAX, VECTOR_MATH, blend
+from tinychad.runtime.cc import WRAPS_MARKER
 
 
 def render_const(value, dtype: DType) -> str:
@@ -243,10 +244,6 @@ class CRenderer:
 
 
 
-# the first line of a file whose kernels compute signed integers that must wrap on overflow (Program.wraps): the
-# host compiler then adds -fwrapv (runtime/cc.py)
-WRAPS_MARKER = "// tinychad: signed integer arithmetic wraps"
-
 # lanes picked from two vectors: clang's builtin takes the lane numbers, gcc's a vector of them (gcc has the
 # clang spelling only from 12 on); either way the compiler picks the machine's shuffle instructions
 SHUFFLE_MACRO = """#ifdef __clang__
@@ -397,5 +394,6 @@ def render_c_library(programs: list[Program], symbols: list[str]) -> str:
     functions.append(renderer.render_function())
     typedefs.update(renderer.typedefs)
     helpers.update(renderer.helpers)
+  # kernels computing signed integers that must wrap on overflow: the host compiler then adds -fwrapv
   marker = [WRAPS_MARKER] if any(p.wraps for p in programs) else []
   return "\n".join([*marker, "#include <math.h>", *typedefs.values(), *helpers.values(), *functions, ""])
