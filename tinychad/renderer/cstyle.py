@@ -27,7 +27,10 @@ from tinychad.dtype import NATIVE_VECTOR_DTYPES, DType, dtypes
 from tinychad.ops import OP_INFO, COMPARISONS, Op, UnaryOps, BinaryOps, TernaryOps
 from tinychad.codegen.uops import Program, UOp, UOps
 from tinychad.renderer.cmath import POLY_MATH, SCALAR_MAX, VECTOR_MATH, blend
-from tinychad.runtime.cc import WRAPS_MARKER
+
+# the first line of a library whose code needs -fwrapv (Program.wraps): the host compiler (runtime/cc.py)
+# reads it, so that only kernels with signed integer arithmetic pay for wrapping
+WRAPS_MARKER = "// tinychad: signed integer arithmetic wraps"
 
 
 def render_const(value, dtype: DType) -> str:

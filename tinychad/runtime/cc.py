@@ -38,12 +38,11 @@ import subprocess
 import tempfile
 from pathlib import Path
 from tinychad.host import simd_bytes
+from tinychad.renderer.cstyle import WRAPS_MARKER
 from tinychad.runtime.cache import cache_dir, cache_key, cached_bytes, memoize
 
 BASE_FLAGS = ["-O2", "-march=native", "-fPIC", "-shared", "-fno-math-errno", "-ffp-contract=off"]
 WRAP_FLAG = "-fwrapv"
-# the first line of a source whose code needs WRAP_FLAG (the C renderer writes it for Program.wraps)
-WRAPS_MARKER = "// tinychad: signed integer arithmetic wraps"
 CONTRACT_FLAG = "-ffp-contract=fast"
 # on AVX-512 hosts: clang otherwise splits each 16-float vector into two 8-float halves (its tuning
 # for these CPUs prefers 256-bit registers), and a 6x64 matmul tile's 24 accumulators become 48 that
