@@ -572,9 +572,10 @@ class Pad(Function):
 
 class Shrink(Function):
   def forward(self, x: LazyBuffer, arg: tuple[tuple[int, int], ...]) -> LazyBuffer:
-    self.padding = tuple((start, s - end) for s, (start, end) in zip(x.shape, arg))
+    self.input_shape, self.window = x.shape, arg
     return x.shrink(arg)
-  def backward(self, grad: LazyBuffer) -> SliceGradient: return SliceGradient(grad, self.padding)
+  def backward(self, grad: LazyBuffer) -> SliceGradient:
+    return SliceGradient(grad, tuple((start, s - end) for s, (start, end) in zip(self.input_shape, self.window)))
 
 
 # ---- adding up the gradients a tensor gets from its several users ----

@@ -203,7 +203,7 @@ class LazyBuffer:
   # ---- movement ops: each makes a view of the same base ----
   def _view(self, st: ShapeTracker) -> LazyBuffer:
     if st.shape == self.shape and st == self.st: return self
-    return LazyBuffer(self.device, st, self.dtype, base=self.base)
+    return LazyBuffer(self.device, st, self.dtype, base=self if self._base is None else self._base)
 
   def reshape(self, shape: tuple[int, ...]) -> LazyBuffer: return self._view(self.st.reshape(tuple(shape)))
   def permute(self, order: tuple[int, ...]) -> LazyBuffer: return self._view(self.st.permute(tuple(order)))

@@ -314,7 +314,9 @@ class Tensor:
 
   # ---- helpers for argument checking ----
   def _axis(self, axis: int, op: str, ndim: int | None = None) -> int:
-    ndim = self.ndim if ndim is None else ndim
+    ndim = len(self.lazydata.shape) if ndim is None else ndim
+    # the common case first (a Python int in range): every movement a model records asks this
+    if type(axis) is int and -ndim <= axis < ndim: return axis % ndim
     if not isinstance(axis, (int, np.integer)): raise TypeError(f"{op}: axis must be an int, got {type(axis).__name__}")
     lo, hi = (-ndim, ndim - 1) if ndim > 0 else (-1, 0)
     if not lo <= axis <= hi:
@@ -424,15 +426,24 @@ class Tensor:
     return x
 
   def _slice_dim(self, dim: int, start: int, end: int) -> Tensor:
-    return self.shrink(tuple((start, end) if d == dim else (0, s) for d, s in enumerate(self.shape)))
+    windows = [(0, s) for s in self.lazydata.shape]
+    windows[dim] = (start, end)
+    return self.shrink(windows)
 
   def shrink(self, arg) -> Tensor:
     """Keep window (start, end) of each dim; None keeps the whole dim."""
-    arg = tuple((0, s) if a is None else tuple(a) for a, s in zip(arg, self.shape))
-    if len(arg) != self.ndim: raise ValueError(f"shrink: need one window per dim of shape {_shape_str(self.shape)}, got {arg}")
-    for (start, end), s in zip(arg, self.shape):
-      if not 0 <= start <= end <= s: raise ValueError(f"shrink: window {arg} is out of bounds for shape {_shape_str(self.shape)}")
-    return self if all(a == (0, s) for a, s in zip(arg, self.shape)) else F.Shrink.apply(self, arg=arg)
+    shape = self.lazydata.shape
+    windows, whole = [], True
+    # one pass over the dims: split, chunk and every slice of a model come here
+    for window, size in zip(arg, shape):
+      start, end = (0, size) if window is None else window
+      if not 0 <= start <= end <= size:
+        raise ValueError(f"shrink: window {tuple(arg)} is out of bounds for shape {_shape_str(shape)}")
+      whole = whole and start == 0 and end == size
+      windows.append((start, end))
+    if len(windows) != len(shape) or len(arg) != len(shape):
+      raise ValueError(f"shrink: need one window per dim of shape {_shape_str(shape)}, got {tuple(arg)}")
+    return self if whole else F.Shrink.apply(self, arg=tuple(windows))
 
   def flip(self, *axes, dims=None) -> Tensor:
     dims = self._axes(argfix(*axes) if dims is None else dims, "flip")

@@ -36,15 +36,19 @@ SMALL_GRAPH = 8
 def _arg_key(arg: Any) -> Any:
   # most ops (every elementwise one but CAST) have no argument: None keys as itself, as no other argument does
   if arg is None: return None
+  kind = type(arg)
   # 0.0 == -0.0 and 1 == 1.0 == True hash alike, yet make different kernels; NaN equals nothing. A float
   # constant (the common argument: every scalar in a step) that is neither zero nor NaN keys as its value
-  if type(arg) is float and arg == arg and arg != 0.0: return (float, arg)
+  if kind is float and arg == arg and arg != 0.0: return (float, arg)
+  if kind is tuple:
+    # most arguments are axes or shapes: plain ints (not bools) key as themselves. A loop, not all() over a
+    # generator: a decoding step keys hundreds of these
+    for item in arg:
+      if type(item) is not int: return tuple([_arg_key(item) for item in arg])
+    return arg
   if isinstance(arg, (float, np.floating)): return ("float", float(arg).hex())
-  if isinstance(arg, tuple):
-    # most arguments are axes or shapes: plain ints (not bools) key as themselves
-    if all(type(a) is int for a in arg): return arg
-    return tuple(_arg_key(a) for a in arg)
-  return (type(arg).__name__, arg)
+  if isinstance(arg, tuple): return tuple([_arg_key(item) for item in arg])
+  return (kind.__name__, arg)
 
 
 class GraphKey:
