@@ -58,8 +58,8 @@ class dtypes:
   @staticmethod
   def from_np(npdtype) -> DType:
     npdtype = np.dtype(npdtype)
-    for dt in dtypes.all():
-      if np.dtype(dt.np) == npdtype: return dt
+    found = _FROM_NUMPY.get(npdtype)
+    if found is not None: return found
     raise TypeError(f"dtype {npdtype} is not supported by tinychad (supported: {[d.name for d in dtypes.all()]})")
 
   @staticmethod
@@ -77,6 +77,9 @@ class dtypes:
     except TypeError: raise
     except Exception: raise TypeError(f"cannot interpret {x!r} as a dtype") from None
 
+
+# numpy's dtype -> ours, looked up by every Tensor made from numpy data (a dict, not a loop making np.dtypes)
+_FROM_NUMPY = {np.dtype(dt.np): dt for dt in dtypes.all()}
 
 # Which dtypes SIMD code handles (the kernel optimizer picks lanes from these, the renderers spell them).
 # A SIMD value may hold these: the renderers have vector types for them (half keeps its per-op rounding scalar).

@@ -15,6 +15,7 @@ Two rewrites happen as ops are recorded (both off with NOOPT=1):
 from __future__ import annotations
 import functools
 import numpy as np
+from tinychad.device import Buffer
 from tinychad.dtype import DType, dtypes
 from tinychad.ops import RESULT_DTYPE, UnaryOps, ReduceOps, LoadOps, Op
 from tinychad.helpers import getenv, inverse_permutation, prod
@@ -66,7 +67,6 @@ class LazyBuffer:
   # ---- creation ----
   @staticmethod
   def from_numpy(array: np.ndarray, device: str) -> LazyBuffer:
-    from tinychad.device import Buffer
     array = np.ascontiguousarray(array).reshape(array.shape)   # ascontiguousarray makes 0-d arrays 1-d
     lb = LazyBuffer(device, ShapeTracker.from_shape(array.shape), dtypes.from_np(array.dtype), LoadOps.FROM_NUMPY)
     lb.realized = Buffer(device, array.size, lb.dtype).copyin(array.reshape(-1))

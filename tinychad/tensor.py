@@ -1681,8 +1681,10 @@ def _to_numpy(data, dtype: DType | None) -> np.ndarray:
   if isinstance(data, np.ndarray) or isinstance(data, np.generic):
     array = np.asarray(data)
     if dtype is None:
-      dtype = dtypes.from_np(array.dtype) if array.dtype in [np.dtype(d.np) for d in dtypes.all()] else None
-      if dtype is None: raise TypeError(f"Tensor: numpy dtype {array.dtype} is not supported (use one of {[d.name for d in dtypes.all()]})")
+      try:
+        dtype = dtypes.from_np(array.dtype)
+      except TypeError:
+        raise TypeError(f"Tensor: numpy dtype {array.dtype} is not supported (use one of {[d.name for d in dtypes.all()]})") from None
     return array.astype(dtype.np, copy=False)
   if isinstance(data, (list, tuple)):
     flat = _flatten_list(data)
