@@ -13,6 +13,9 @@ from tinychad.dtype import dtypes
 from tinychad.tensor import Tensor, _shape_str
 
 
+SMALL_INDEX = 64   # out_of_bounds checks an index of at most this many values in Python
+
+
 def out_of_bounds(index: Tensor, size: int, negative: bool = False, ignore: int | None = None) -> int | None:
   """The first value of the integer tensor `index` outside [0, size) ([-size, size) with negative=True;
   values equal to `ignore` pass), or None. Every index read (getitem, gather, scatter, nll_loss's targets)
@@ -21,7 +24,11 @@ def out_of_bounds(index: Tensor, size: int, negative: bool = False, ignore: int 
   values = index.numpy()
   if ignore is not None: values = values[values != ignore]
   low = -size if negative else 0
-  if values.size == 0 or (values.min() >= low and values.max() < size): return None
+  if values.size <= SMALL_INDEX:
+    # a decoding step's token or position: Python's min and max of a short list cost less than numpy's calls
+    items = values.reshape(-1).tolist()
+    if not items or (min(items) >= low and max(items) < size): return None
+  elif values.min() >= low and values.max() < size: return None
   return int(values[(values < low) | (values >= size)].flat[0])
 
 
