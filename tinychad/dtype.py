@@ -7,7 +7,10 @@ from dataclasses import dataclass
 import numpy as np
 
 
-@dataclass(frozen=True, eq=True)
+# eq=False: each dtype is one object (the `dtypes` attributes below; copies and pickles come back as that object),
+# so identity is equality, and every op compares dtypes and every interning and cache key hashes them: object's
+# own C-level == and hash instead of comparing six fields (or a Python-level __eq__ call per comparison)
+@dataclass(frozen=True, eq=False)
 class DType:
   name: str
   itemsize: int
@@ -18,11 +21,6 @@ class DType:
 
   def __repr__(self) -> str: return f"dtypes.{self.name}"
 
-  # Each dtype is one object (the `dtypes` attributes below; copies and pickles come back as that
-  # object), so identity is equality. Every op compares dtypes and every interning and cache key
-  # hashes them: the C-level object hash and `is` instead of comparing six fields.
-  __hash__ = object.__hash__
-  def __eq__(self, other) -> bool: return self is other
   def __reduce__(self): return (getattr, (dtypes, self.name))
 
   @property

@@ -489,10 +489,11 @@ def attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None = None, 
 # ---- PyTorch's functional names (torch.nn.functional) for the Tensor methods ----
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
   """PyTorch's linear: x @ weight.T + bias, weight (out_features, in_features) (Tensor.linear is tinygrad's (in, out))."""
-  params = (weight,) if bias is None else (weight, bias)
-  if weight.ndim == 2 and x.ndim >= 1 and x.shape[-1] == weight.shape[1] and x.dtype != dtypes.bool and \
-     all(p.dtype == x.dtype and p.device == x.device for p in params) and (bias is None or bias.shape == weight.shape[:1]):
-    return F.Linear.apply(x, *params)
+  dtype, device = x.dtype, x.device
+  if weight.ndim == 2 and x.ndim >= 1 and x.shape[-1] == weight.shape[1] and dtype != dtypes.bool and \
+     weight.dtype == dtype and weight.device == device:
+    if bias is None: return F.Linear.apply(x, weight)
+    if bias.dtype == dtype and bias.device == device and bias.shape == weight.shape[:1]: return F.Linear.apply(x, weight, bias)
   # the rest (a 1-d weight, a dot product as torch's; mixed dtypes; bad shapes) as the ops it is made of
   out = x.matmul(weight.T if weight.ndim > 1 else weight)
   return out + bias if bias is not None else out
