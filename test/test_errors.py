@@ -239,6 +239,16 @@ def test_embedding_bad_indices_raise_as_in_pytorch():
     with pytest.raises(IndexError): torch.nn.Embedding(10, 4)(torch.tensor([0, bad]))
     with raises(IndexError, "embedding", str(bad), "10 embeddings", "(10, 4)"): layer(Tensor([0, bad]))
     with raises(IndexError, "embedding", str(bad)): F.embedding(Tensor([[bad]]), weight)
+  # both of the bounds check's paths: a short index (Python's min and max) and a long one (numpy's)
+  long = [i % 10 for i in range(200)]
+  np.testing.assert_array_equal(layer(Tensor(long)).numpy(), layer.weight.numpy()[long])
+  for bad in (-1, 10):
+    with raises(IndexError, "embedding", str(bad)): layer(Tensor(long[:100] + [bad] + long[100:]))
+  # tensor indexing wraps negatives down to -size, short or long
+  t = Tensor.arange(5)
+  assert t[Tensor([-5, 4])].tolist() == [0, 4] and t[Tensor([-5, 4] * 50)].tolist() == [0, 4] * 50
+  for bad in ([-6], [5], [0] * 99 + [-6], [0] * 99 + [5]):
+    with raises(IndexError, str(bad[-1]), "size 5"): t[Tensor(bad)]
   with raises(TypeError, "embedding", "float32"): F.embedding(Tensor([0.0]), weight)
   with raises(TypeError, "embedding", "bool"): F.embedding(Tensor([True]), weight)
   with raises(ValueError, "embedding", "(10,)"): F.embedding(Tensor([0]), Tensor.ones(10))
