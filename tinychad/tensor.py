@@ -432,17 +432,17 @@ class Tensor:
 
   def shrink(self, arg) -> Tensor:
     """Keep window (start, end) of each dim; None keeps the whole dim."""
-    shape = self.lazydata.shape
+    arg, shape = tuple(arg), self.lazydata.shape
     windows, whole = [], True
     # one pass over the dims: split, chunk and every slice of a model come here
     for window, size in zip(arg, shape):
       start, end = (0, size) if window is None else window
       if not 0 <= start <= end <= size:
-        raise ValueError(f"shrink: window {tuple(arg)} is out of bounds for shape {_shape_str(shape)}")
+        raise ValueError(f"shrink: window {arg} is out of bounds for shape {_shape_str(shape)}")
       whole = whole and start == 0 and end == size
       windows.append((start, end))
-    if len(windows) != len(shape) or len(arg) != len(shape):
-      raise ValueError(f"shrink: need one window per dim of shape {_shape_str(shape)}, got {tuple(arg)}")
+    if len(arg) != len(shape):
+      raise ValueError(f"shrink: need one window per dim of shape {_shape_str(shape)}, got {arg}")
     return self if whole else F.Shrink.apply(self, arg=tuple(windows))
 
   def flip(self, *axes, dims=None) -> Tensor:
