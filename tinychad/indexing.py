@@ -24,11 +24,13 @@ def out_of_bounds(index: Tensor, size: int, negative: bool = False, ignore: int 
   values = index.numpy()
   if ignore is not None: values = values[values != ignore]
   low = -size if negative else 0
+  if values.size == 0: return None
   if values.size <= SMALL_INDEX:
     # a decoding step's token or position: Python's min and max of a short list cost less than numpy's calls
     items = values.reshape(-1).tolist()
-    if not items or (min(items) >= low and max(items) < size): return None
-  elif values.min() >= low and values.max() < size: return None
+    lowest, highest = min(items), max(items)
+  else: lowest, highest = values.min(), values.max()
+  if lowest >= low and highest < size: return None
   return int(values[(values < low) | (values >= size)].flat[0])
 
 
