@@ -41,7 +41,8 @@ from tinychad.host import simd_bytes
 from tinychad.renderer.cstyle import WRAPS_MARKER
 from tinychad.runtime.cache import cache_dir, cache_key, cached_bytes, memoize
 
-BASE_FLAGS = ["-O2", "-march=native", "-fPIC", "-shared", "-fno-math-errno", "-ffp-contract=off"]
+BASE_FLAGS = ["-O2", "-march=native", "-fPIC", "-shared", "-fno-math-errno", "-ffp-contract=off",
+              "-Werror=implicit-function-declaration"]
 WRAP_FLAG = "-fwrapv"
 CONTRACT_FLAG = "-ffp-contract=fast"
 # on AVX-512 hosts: clang otherwise splits each 16-float vector into two 8-float halves (its tuning
