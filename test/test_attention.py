@@ -137,6 +137,29 @@ def test_mixed_dtypes_raise():
     F.scaled_dot_product_attention(Tensor.ones(2, 3), Tensor.ones(2, 3, dtype=dtypes.float64), Tensor.ones(2, 3))
 
 
+def test_decoding_steps_share_an_attention_kernel():
+  """One query row against a growing number of keys (a KV cache, no_grad) runs one attention kernel per block of the
+  kernel's lane axis, not one per length: the keys are padded to the block and a mask hides the padding. Its results
+  are the very ones of the kernel made for each length (the path a gradient takes), and PyTorch's."""
+  from tinychad import no_grad
+  from tinychad.function import _lanes_and_block
+  rng = np.random.default_rng(3)
+  kernels, blocks = set(), set()
+  for source in range(17, 80, 3):
+    q, k, v = (rng.standard_normal(shape).astype(np.float32) for shape in ((1, 4, 1, 16), (1, 4, source, 16), (1, 4, source, 8)))
+    with no_grad():
+      out = F.scaled_dot_product_attention(Tensor(q), Tensor(k), Tensor(v))
+      kernels |= {item.ast for item in out.schedule() if item.ast.op is LoadOps.ATTENTION}
+      decoded = out.numpy()
+    per_length = F.scaled_dot_product_attention(Tensor(q, requires_grad=True), Tensor(k), Tensor(v)).numpy()
+    np.testing.assert_array_equal(decoded, per_length)
+    want = TF.scaled_dot_product_attention(*(torch.tensor(x) for x in (q, k, v))).numpy()
+    np.testing.assert_allclose(decoded, want, rtol=1e-5, atol=1e-6)
+    block = _lanes_and_block(1, source, dtypes.float32)[1]
+    blocks.add(-(-source // block) * block)
+  assert len(kernels) == len(blocks) < 21
+
+
 def test_no_score_sized_buffer_at_t1024():
   """Causal attention at T = 1024 (2 heads, d 64): no kernel of the forward pass or of the gradients of q, k and v
   writes a buffer of T x T elements (the materialized approach writes 2 x T x T per score-sized step)."""

@@ -11,6 +11,7 @@ import math
 import operator
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+import numpy as np
 from tinychad.dtype import dtypes
 from tinychad.helpers import getenv, inverse_permutation
 from tinychad.host import simd_bytes
@@ -1119,10 +1120,10 @@ class Attention(Function):
               causal: bool, window: int) -> LazyBuffer:
     batch, heads, length, dim = q.shape
     kv_heads, source, vdim = k.shape[1], k.shape[2], v.shape[3]
-    lanes = 1 if getenv("NOOPT", 0) else max(1, simd_bytes() // q.dtype.itemsize)
+    lanes, block = _lanes_and_block(length, source, q.dtype)
     self.arg = AttentionArg("forward", batch, heads, kv_heads, length, source, dim, vdim, scale, causal, window,
                             "" if mask is None else "bool" if mask.dtype == dtypes.bool else "add", (0, 0, 0, 0), lanes,
-                            lanes * min(ATTENTION_BLOCK_VECTORS, -(-max(length, source) // lanes)))
+                            block)
     block = self.arg.block
     self.q, self.k, self.v, self.mask = q, k, v, mask
     self.kT = _padded_to(k.permute((0, 1, 3, 2)), block)
@@ -1137,6 +1138,7 @@ class Attention(Function):
                window: int) -> LazyBuffer:
     # the node is the kernel's whole output (the rows, then their log-sum-exps); forward's view of it outside the node
     batch, heads, length, _ = q.shape
+    if length == 1 and not (mask or causal or window): k, v, mask = _decoding_keys(q, k, v)
     rows, vdim = batch * heads * length, v.shape[3]
     node = LazyBuffer.subgraph((q, k, v) + mask, _attention_graph, (scale, causal, window), (rows * (vdim + 1),), q.dtype)
     return node.shrink(((0, rows * vdim),)).reshape((batch, heads, length, vdim))
@@ -1178,6 +1180,27 @@ def _attention_graph(srcs: tuple[LazyBuffer, ...], scale: float, causal: bool, w
 
 def _arg(arg: AttentionArg, mode: str, mask_strides: tuple[int, int, int, int]) -> AttentionArg:
   return replace(arg, mode=mode, mask_strides=mask_strides)
+
+
+def _lanes_and_block(length: int, source: int, dtype) -> tuple[int, int]:
+  """An attention kernel's SIMD width and its lane axis's step (ops.AttentionArg's lanes and block)."""
+  lanes = 1 if getenv("NOOPT", 0) else max(1, simd_bytes() // dtype.itemsize)
+  return lanes, lanes * min(ATTENTION_BLOCK_VECTORS, -(-max(length, source) // lanes))
+
+
+def _decoding_keys(q: LazyBuffer, k: LazyBuffer, v: LazyBuffer) -> tuple[LazyBuffer, LazyBuffer, tuple[LazyBuffer]]:
+  """A decoding step's keys and values (one query row) padded with zeros to whole blocks of the kernel's lane axis,
+  and an additive mask, 0 then -inf over the padding, that hides it. The kernel then depends on the padded length
+  alone: a KV cache that grows by one key per token compiles a new attention kernel once per block of keys (32
+  float32 keys with AVX2), not at every token. A hidden key's score is -inf either way, so the results are the same."""
+  source = k.shape[2]
+  block = _lanes_and_block(1, source, q.dtype)[1]
+  padded = -(-source // block) * block
+  # a whole number of blocks gets the (all-zero) mask too: it runs the same kernel as the lengths just below it
+  rows = ((0, 0), (0, 0), (0, padded - source), (0, 0))
+  hide = np.zeros((1, 1, 1, padded), dtype=q.dtype.np)
+  hide[..., source:] = -np.inf
+  return k.pad(rows), v.pad(rows), (LazyBuffer.from_numpy(hide, q.device),)
 
 
 def _padded_to(x: LazyBuffer, block: int, axis: int = -1) -> LazyBuffer:
