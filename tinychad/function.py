@@ -1138,9 +1138,14 @@ class Attention(Function):
                window: int) -> LazyBuffer:
     # the node is the kernel's whole output (the rows, then their log-sum-exps); forward's view of it outside the node
     batch, heads, length, _ = q.shape
-    if length == 1 and not (mask or causal or window): k, v, mask = _decoding_keys(q, k, v)
+    padded = 0
+    if length == 1 and not (mask or causal or window):
+      # a decoding step: its graph pads the keys to whole blocks, and this mask hides the padding (_attention_graph)
+      mask = (_padding_mask(k.shape[2], q.dtype, q.device),)
+      padded = mask[0].shape[3]
     rows, vdim = batch * heads * length, v.shape[3]
-    node = LazyBuffer.subgraph((q, k, v) + mask, _attention_graph, (scale, causal, window), (rows * (vdim + 1),), q.dtype)
+    node = LazyBuffer.subgraph((q, k, v) + mask, _attention_graph, (scale, causal, window, padded), (rows * (vdim + 1),),
+                               q.dtype)
     return node.shrink(((0, rows * vdim),)).reshape((batch, heads, length, vdim))
 
   def backward(self, grad: LazyBuffer) -> tuple[LazyBuffer | None, ...]:
@@ -1172,9 +1177,17 @@ class Attention(Function):
     return (dq, dk, dv, dmask)[:len(self.needs_input_grad)]
 
 
-def _attention_graph(srcs: tuple[LazyBuffer, ...], scale: float, causal: bool, window: int) -> LazyBuffer:
+def _attention_graph(srcs: tuple[LazyBuffer, ...], scale: float, causal: bool, window: int, padded: int) -> LazyBuffer:
+  q, k, v, *mask = srcs
+  if padded:
+    # a decoding step's keys and values padded with zeros to whole blocks of the kernel's lane axis; the mask (0, then
+    # -inf over the padding) hides the padding. The kernel then depends on the padded length alone: a KV cache that
+    # grows by one key per token compiles a new attention kernel once per block of keys (32 float32 keys with AVX2),
+    # not at every token. A hidden key's score is -inf either way, so the results are the same
+    rows = ((0, 0), (0, 0), (0, padded - k.shape[2]), (0, 0))
+    k, v = k.pad(rows), v.pad(rows)
   ctx = object.__new__(Attention)
-  ctx.forward(*srcs, scale=scale, causal=causal, window=window)
+  ctx.forward(q, k, v, *mask, scale=scale, causal=causal, window=window)
   return ctx.out
 
 
@@ -1188,19 +1201,26 @@ def _lanes_and_block(length: int, source: int, dtype) -> tuple[int, int]:
   return lanes, lanes * min(ATTENTION_BLOCK_VECTORS, -(-max(length, source) // lanes))
 
 
-def _decoding_keys(q: LazyBuffer, k: LazyBuffer, v: LazyBuffer) -> tuple[LazyBuffer, LazyBuffer, tuple[LazyBuffer]]:
-  """A decoding step's keys and values (one query row) padded with zeros to whole blocks of the kernel's lane axis,
-  and an additive mask, 0 then -inf over the padding, that hides it. The kernel then depends on the padded length
-  alone: a KV cache that grows by one key per token compiles a new attention kernel once per block of keys (32
-  float32 keys with AVX2), not at every token. A hidden key's score is -inf either way, so the results are the same."""
-  source = k.shape[2]
-  block = _lanes_and_block(1, source, q.dtype)[1]
-  padded = -(-source // block) * block
-  # a whole number of blocks gets the (all-zero) mask too: it runs the same kernel as the lengths just below it
-  rows = ((0, 0), (0, 0), (0, padded - source), (0, 0))
-  hide = np.zeros((1, 1, 1, padded), dtype=q.dtype.np)
-  hide[..., source:] = -np.inf
-  return k.pad(rows), v.pad(rows), (LazyBuffer.from_numpy(hide, q.device),)
+# _padding_mask's masks, computed (nothing writes them) and shared: every layer of every decoding step reads one
+_padding_masks: dict[tuple, LazyBuffer] = {}
+MAX_PADDING_MASKS = 256
+
+
+def _padding_mask(source: int, dtype, device: str) -> LazyBuffer:
+  """(1, 1, 1, padded): `source` keys padded to whole blocks of an attention kernel's lane axis, 0 over the first
+  `source` lanes, -inf after. A whole number of blocks gets one too, all zeros, so that it runs the same kernel as the
+  lengths just below it. (Any padded length gives the same results: a block that NOOPT changed since only shares
+  kernels less.)"""
+  key = (source, dtype, device)
+  mask = _padding_masks.get(key)
+  if mask is None:
+    if len(_padding_masks) >= MAX_PADDING_MASKS: _padding_masks.clear()
+    block = _lanes_and_block(1, source, dtype)[1]
+    padded = -(-source // block) * block
+    hide = np.zeros((1, 1, 1, padded), dtype=dtype.np)
+    hide[..., source:] = -np.inf
+    mask = _padding_masks[key] = LazyBuffer.from_numpy(hide, device)
+  return mask
 
 
 def _padded_to(x: LazyBuffer, block: int, axis: int = -1) -> LazyBuffer:
