@@ -210,6 +210,20 @@ def test_float32_exp2_is_vectorizable_float64_keeps_libm(monkeypatch):
   assert "exp2(" in source and "tc_exp2f" not in source
 
 
+def test_the_libm_functions_the_op_table_spells_are_declared():
+  """The C kernels declare the libm functions they call instead of including <math.h> (renderer/cstyle.py): each
+  function the op table spells must have a prototype, and a kernel declares only the ones it calls."""
+  import re
+  from tinychad.ops import OP_INFO
+  from tinychad.renderer.cstyle import LIBM_PROTOTYPES
+  spelled = {name + suffix for info in OP_INFO.values() for text in (info.c or ()) if text
+             for name in re.findall(r"(\w+)\{f\}\(", text) for suffix in ("f", "")}
+  assert spelled and spelled <= set(LIBM_PROTOTYPES), spelled - set(LIBM_PROTOTYPES)
+  (item,) = _items(LazyBuffer.from_numpy(np.ones(64, np.float64), "NUMPY").e(UnaryOps.SQRT))
+  source = render_c(linearize(item.ast, item.name))
+  assert LIBM_PROTOTYPES["sqrt"] in source and LIBM_PROTOTYPES["sinf"] not in source and "<math.h>" not in source
+
+
 @pytest.mark.parametrize("op", [UnaryOps.EXP2, UnaryOps.LOG2])
 def test_vector_math_matches_scalar_math_bit_for_bit(op, monkeypatch):
   """The vector polynomials (4096 elements: SIMD lanes) give exactly the scalar ones' bits (4095: an

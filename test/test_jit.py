@@ -280,8 +280,9 @@ def test_a_host_step_between_kernels_runs_in_its_place():
 
 @pytest.mark.parametrize("debug", ["0", "2"])
 def test_inference_replay_skips_the_kernels_of_unchanged_weights(monkeypatch, debug):
-  """A convolution's forward copies its weight into channels-last panels; for inference the weights don't change,
-  so a replay skips that kernel (it wrote the same values last time), until a weight is assigned outside."""
+  """Kernels that read only weights (a convolution's copy of its weight into channels-last panels; with NOOPT=1,
+  which packs no panels, the weight's mean square alone): for inference the weights don't change, so a replay skips
+  them (they wrote the same values last time), until a weight is assigned outside."""
   from tinychad import nn, no_grad
   from tinychad.engine import jit as jit_module
   from tinychad.runtime.threads import KernelList
@@ -290,7 +291,7 @@ def test_inference_replay_skips_the_kernels_of_unchanged_weights(monkeypatch, de
   conv, head = nn.Conv2d(16, 32, 3, padding=1), nn.Linear(32, 4)
 
   def forward(x):
-    with no_grad(): return head(conv(x).relu().mean((2, 3))).realize()
+    with no_grad(): return head(conv(x).relu().mean((2, 3)) * conv.weight.square().mean()).realize()
   jitted = TinyJit(forward)
   monkeypatch.setenv("DEBUG", debug)   # 2: kernel by kernel through run_kernel; 0: native KernelLists where there are
   ran = []

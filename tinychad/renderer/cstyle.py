@@ -22,6 +22,7 @@ so the function ends with a store fence (tc_stream_fence) and every write is vis
 """
 from __future__ import annotations
 import math
+import re
 import numpy as np
 from tinychad.dtype import NATIVE_VECTOR_DTYPES, DType, dtypes
 from tinychad.ops import OP_INFO, COMPARISONS, Op, UnaryOps, BinaryOps, TernaryOps
@@ -360,19 +361,17 @@ VECTOR_RULES = (
 )
 
 
-# What the kernels use of <math.h>: the functions ops.OP_INFO spells for C (float32 and float64) and two constants,
-# declared here instead of included. Parsing the header is about a third of a small kernel's compile time (~30 of
-# ~90 ms with gcc 12), and C lets a program declare a library function itself; gcc and clang still know these names
-# as builtins (sqrtf is one instruction). A function the op table gains but this list lacks fails to compile
-# (runtime/cc.py makes an implicit declaration an error) instead of being called as one returning int.
-LIBM_DECLARATIONS = """#define INFINITY __builtin_inff()
-#define NAN __builtin_nanf("")
-float sqrtf(float); double sqrt(double);
-float truncf(float); double trunc(double);
-float exp2f(float); double exp2(double);
-float log2f(float); double log2(double);
-float sinf(float); double sin(double);
-float fmodf(float, float); double fmod(double, double);"""
+# What the kernels use of <math.h>, declared instead of included: the two constants, and each function ops.OP_INFO
+# spells for C (float32 and float64) that the file calls. Parsing the header is about a fifth of a small kernel's
+# compile time (~20 of ~110 ms with gcc 12), and C lets a program declare a library function itself; gcc and clang
+# still know these names as builtins (sqrtf is one instruction). A function the op table gains but this table lacks
+# fails to compile (runtime/cc.py makes an implicit declaration an error) instead of being called as returning int.
+MATH_CONSTANTS = '#define INFINITY __builtin_inff()\n#define NAN __builtin_nanf("")'
+LIBM_PROTOTYPES = {name: f"{c_type} {name}({', '.join([c_type] * arity)});"
+                   for base, arity in (("sqrt", 1), ("trunc", 1), ("exp2", 1), ("log2", 1), ("sin", 1), ("fmod", 2))
+                   for name, c_type in ((base + "f", "float"), (base, "double"))}
+# a call of one of them: its name as a whole word (tc_exp2f, the polynomial, is not a call of exp2f)
+_LIBM_CALL = re.compile(r"\b(" + "|".join(LIBM_PROTOTYPES) + r")\(")
 
 
 # AVX's streaming stores by element type: the vector must be aligned to its whole size
@@ -414,4 +413,6 @@ def render_c_library(programs: list[Program], symbols: list[str]) -> str:
     helpers.update(renderer.helpers)
   # kernels computing signed integers that must wrap on overflow: the host compiler then adds -fwrapv
   marker = [WRAPS_MARKER] if any(p.wraps for p in programs) else []
-  return "\n".join([*marker, LIBM_DECLARATIONS, *typedefs.values(), *helpers.values(), *functions, ""])
+  body = [*typedefs.values(), *helpers.values(), *functions]
+  called = sorted({match.group(1) for text in body for match in _LIBM_CALL.finditer(text)})
+  return "\n".join([*marker, MATH_CONSTANTS, *(LIBM_PROTOTYPES[name] for name in called), *body, ""])
