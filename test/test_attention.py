@@ -137,6 +137,7 @@ def test_mixed_dtypes_raise():
     F.scaled_dot_product_attention(Tensor.ones(2, 3), Tensor.ones(2, 3, dtype=dtypes.float64), Tensor.ones(2, 3))
 
 
+@on_each_device
 def test_decoding_steps_share_an_attention_kernel():
   """One query row against a growing number of keys (a KV cache, no_grad) runs one attention kernel per block of the
   kernel's lane axis, not one per length: the keys are padded to the block and a mask hides the padding. Its results
@@ -157,7 +158,8 @@ def test_decoding_steps_share_an_attention_kernel():
     np.testing.assert_allclose(decoded, want, rtol=1e-5, atol=1e-6)
     block = _lanes_and_block(1, source, dtypes.float32)[1]
     blocks.add(-(-source // block) * block)
-  assert len(kernels) == len(blocks) < 21
+  # at most one kernel per padded length (fewer where a mask made before a NOOPT switch pads to a longer block)
+  assert len(kernels) <= len(blocks) < 21
 
 
 def test_no_score_sized_buffer_at_t1024():

@@ -1124,7 +1124,6 @@ class Attention(Function):
     self.arg = AttentionArg("forward", batch, heads, kv_heads, length, source, dim, vdim, scale, causal, window,
                             "" if mask is None else "bool" if mask.dtype == dtypes.bool else "add", (0, 0, 0, 0), lanes,
                             block)
-    block = self.arg.block
     self.q, self.k, self.v, self.mask = q, k, v, mask
     self.kT = _padded_to(k.permute((0, 1, 3, 2)), block)
     masks, strides = _mask_lanes(mask, block, transposed=False)
