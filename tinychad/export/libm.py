@@ -13,9 +13,10 @@ float32 operands whose quotient is below 2^29. Names are macros onto tcm_ functi
 doesn't take them for the library's and call a libm that isn't there.
 """
 
-FREESTANDING_MATH = r"""
-#define INFINITY __builtin_inff()
-#define NAN __builtin_nanf("")
+from tinychad.renderer.cstyle import MATH_CONSTANTS
+
+# the constants as the host's kernels spell them without <math.h>, then the functions
+FREESTANDING_MATH = "\n" + MATH_CONSTANTS + r"""
 #define sqrtf(x) __builtin_sqrtf(x)
 #define sqrt(x) __builtin_sqrt(x)
 #define truncf(x) __builtin_truncf(x)
