@@ -244,7 +244,8 @@ def _plan(steps: list) -> tuple[list, dict[int, list[tuple[KernelList, int]]]]:
 
   def close_list() -> None:
     if not pending: return
-    kernels = KernelList([(k.address, [b.allocate().address for b in bufs], k.parallel, item.points) for item, bufs, k in pending])
+    kernels = KernelList([(k.address, [b.allocate().address for b in bufs] + list(k.constants), k.parallel, item.points)
+                          for item, bufs, k in pending])
     for (_, bufs, _), start in zip(pending, kernels.starts):
       for i, b in enumerate(bufs): slots.setdefault(id(b), []).append((kernels, start + i))
     plan.append((kernels, [(item, bufs) for item, bufs, _ in pending]))   # the steps: if the pool can't start
@@ -253,9 +254,11 @@ def _plan(steps: list) -> tuple[list, dict[int, list[tuple[KernelList, int]]]]:
   for item, bufs in steps:
     device = None if item is None or isinstance(item, HostCall) else Device[item.output.device]
     # a device that runs kernels as Compiled.run does (the native thread pool over the kernel's address)
-    if isinstance(device, Compiled) and type(device).run is Compiled.run and KernelList.available(len(bufs)):
-      pending.append((item, bufs, loaded_program(item)))
-      continue
+    if isinstance(device, Compiled) and type(device).run is Compiled.run:
+      program = loaded_program(item)
+      if KernelList.available(len(bufs) + len(program.constants)):
+        pending.append((item, bufs, program))
+        continue
     close_list()
     plan.append((None, [(item, bufs)]))
   close_list()

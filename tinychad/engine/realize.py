@@ -7,7 +7,9 @@ For each kernel whose program its device hasn't loaded yet:
   -> render (the device's renderer) -> compile (the device's compiler, through the kernel cache:
   runtime/cache.py keeps its binaries on disk) -> load (the device's loader),
 and a kernel record (the kernel tree -> the binary and the symbol in it) is written, so that a new
-process loads the kernel without lowering or rendering it. All the schedule's new kernels are built
+process loads the kernel without lowering or rendering it. A kernel that only moves data (a cat, a pad's or a
+permute's copy, codegen/copy.py) on a CPU device skips all of that: runtime/copy.py's generic strided copy runs it,
+compiled once for every shape (not with NOOPT=1, which compiles everything plainly). All the schedule's new kernels are built
 before the first of them runs: a device with `batch` puts several in one binary, one binary per core
 (its `parallel_builds`), compiled at once (separate compiler processes); the others compile one after
 another. Then each kernel runs (the device's `run`), timed alone: GlobalCounters.time_sum_s and DEBUG=2 count run time
@@ -26,6 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Iterator
 from tinychad.codegen import Program, lower_item
+from tinychad.codegen.copy import copy_plan
 from tinychad.codegen.gpu import lower_gpu
 from tinychad.device import DEVICE_MEMORY, Buffer, Device
 from tinychad.engine.schedule import ScheduleItem, schedule_graph
@@ -35,6 +38,7 @@ from tinychad.lazy import LazyBuffer
 from tinychad.ops import LoadOps
 from tinychad.runtime.cache import cache_key, code_version, read_record, tree_text, write_record
 from tinychad.runtime.compiled import Compiled, Kernel
+from tinychad.runtime.copy import copy_kernel
 from tinychad.runtime.threads import KernelList
 
 # the open capture() blocks' lists (a TinyJit recording, a benchmark's): each kernel run is appended
@@ -158,8 +162,8 @@ class Launch:
   """A remembered schedule (schedule_cache.Template) prepared to run again without ScheduleItems, kernel lookups
   or thread decisions: per item, where its output goes (a position in the graph's nodes, or -1-i for the i'th
   buffer the scheduler made), the output buffer's (device, size, dtype), the inputs' places, a call that runs the
-  loaded kernel on the buffers (None: the item only allocates, as EMPTY or an empty output does) and the item's
-  counter info.
+  loaded kernel on the buffers (None: the item only allocates, as EMPTY or an empty output does), the item's
+  counter info and how many constant arguments its kernel takes after the buffers (a generic copy's one).
   Why a hit is right: it hangs on the template, so it is found by the graph's key, which fixes every op, argument,
   view, dtype, device and shape, which buffers are shared, and NOOPT; so the items, their kernel trees and the
   kernels the devices loaded for them (never replaced once loaded) are the ones run_schedule would use, and only
@@ -186,19 +190,21 @@ class Launch:
     steps, device, listed = [], None, []
     for (ast, out, ins, info), item in zip(template.steps, items):
       if ast.op is LoadOps.COPY: return None
-      output, call = item.output, None
+      output, call, constants = item.output, None, ()
       if item.is_kernel and output.size > 0:
         if device is not None and Device[output.device] is not device: return None   # outputs on two devices
         device = Device[output.device]
         program = device.programs.get((ast, info[0]))
         if program is None: return None
         call = device.launcher(program, info[3]) if isinstance(device, Compiled) else _runner(device, program, info[3])
+        constants = getattr(program, "constants", ())
         listed.append((program, 1 + len(ins), info))
-      steps.append((out, (output.device, output.size, output.dtype), ins, call, info))
+      steps.append((out, (output.device, output.size, output.dtype), ins, call, info, len(constants)))
     native = isinstance(device, Compiled) and type(device).run is Compiled.run
-    if len(listed) < LIST_MIN_KERNELS or not native or not all(KernelList.available(n) for _, n, _ in listed):
+    if len(listed) < LIST_MIN_KERNELS or not native or not all(KernelList.available(n + len(p.constants)) for p, n, _ in listed):
       return Launch(steps, len(template.made), device)
-    kernels = KernelList([(program.address, [0] * n, program.parallel, info[3]) for program, n, info in listed])
+    kernels = KernelList([(program.address, [0] * n + list(program.constants), program.parallel, info[3])
+                          for program, n, info in listed])
     totals = (len(listed), sum(info[2] * info[3] for _, _, info in listed), sum(info[4] for _, _, info in listed))
     return Launch(steps, len(template.made), device, kernels, totals)
 
@@ -213,7 +219,7 @@ def run_launch(launch: Launch, nodes: list[LazyBuffer]) -> None:
   if launch.kernels is not None:
     _run_listed(launch, nodes, made)
     return
-  for out, (device, size, dtype), ins, call, info in launch.steps:
+  for out, (device, size, dtype), ins, call, info, _ in launch.steps:
     buf = Buffer(device, size, dtype).allocate()
     if call is not None:
       bufs = [buf]
@@ -229,16 +235,17 @@ def run_launch(launch: Launch, nodes: list[LazyBuffer]) -> None:
 
 def _run_listed(launch: Launch, nodes: list[LazyBuffer], made: list[Buffer | None]) -> None:
   """run_launch's work with every kernel in one native call: the buffers first, their addresses written into the
-  kernels' argument slots, then the call (on this thread alone where the thread pool can't start)."""
+  kernels' argument slots (a kernel's constants, after its buffers, stay as written), then the call (on this thread
+  alone where the thread pool can't start)."""
   args, slot = launch.kernels.args, 0
-  for out, (device, size, dtype), ins, call, info in launch.steps:
+  for out, (device, size, dtype), ins, call, info, constants in launch.steps:
     buf = Buffer(device, size, dtype).allocate()
     if call is not None:
       args[slot] = buf.address
       for i in ins:
         slot += 1
         args[slot] = (nodes[i].realized if i >= 0 else made[-1 - i]).address
-      slot += 1
+      slot += 1 + constants
     if out >= 0:
       lb = nodes[out]
       lb.realized, lb.srcs = buf, ()
@@ -305,6 +312,9 @@ def build(items: list[ScheduleItem]) -> dict[tuple, float]:
     if device.renderer is None:           # NUMPY: the program is the kernel tree
       device.programs[key] = item.ast
       continue
+    if (copy := _generic_copy(device, item, debug)) is not None:
+      device.programs[key] = copy
+      continue
     start = time.perf_counter()
     record_key = cache_key("record", device.name, tree_text(item.ast), item.name, code_version(), device.identity(),
                            os.getenv("NOOPT", ""), os.getenv("BEAM", ""))
@@ -333,6 +343,15 @@ def build(items: list[ScheduleItem]) -> dict[tuple, float]:
       device.programs[member.key] = kernel
       seconds[member.key] = member.seconds + compile_s
   return seconds
+
+
+def _generic_copy(device, item: ScheduleItem, debug: int) -> Kernel | None:
+  """The generic copy running `item` on a device that runs kernels natively, if its kernel only moves data."""
+  if type(device).run is not Compiled.run or getenv("NOOPT", 0): return None
+  plan = copy_plan(item.ast)
+  kernel = copy_kernel(plan, len(item.inputs)) if plan is not None else None
+  if kernel is not None and debug >= 3: print(f"{item.ast.pretty()}\ngeneric copy: {plan}")
+  return kernel
 
 
 def _recorded(device: Compiled, record_key: str) -> Kernel | None:

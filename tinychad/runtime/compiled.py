@@ -30,10 +30,11 @@ _pointer = operator.attrgetter("pointer")
 
 
 class Kernel(NamedTuple):
-  fn: Any              # ctypes function: (void* buffers..., int64 start, int64 end)
+  fn: Any              # ctypes function: (void* buffers..., void* constants..., int64 start, int64 end)
   parallel: int        # the extent of its parallel loop
   address: int         # fn's machine code address (asking ctypes for it costs ~1.5 us a call)
-  owner: Any           # the loaded binary: holding it keeps the code mapped
+  owner: Any           # the loaded binary (and what the constants point to): holding it keeps them mapped
+  constants: tuple[int, ...] = ()   # pointers passed after the buffers (runtime/copy.py's geometry)
 
 
 def kernel_function(address: int, buffers: int):
@@ -79,8 +80,8 @@ class Compiled:
   @staticmethod
   def run(kernel: Kernel, bufs: list, points: int) -> None:
     """The kernel over its whole parallel loop on `bufs`; `points` (its iteration space) decides the threads."""
-    fn, parallel, address, _ = kernel
-    run_parallel(fn, [b.allocate().address for b in bufs], parallel, points, address)
+    fn, parallel, address, _, constants = kernel
+    run_parallel(fn, [b.allocate().address for b in bufs] + list(constants), parallel, points, address)
 
   def launcher(self, kernel: Kernel, points: int) -> Callable[[list], None]:
     """run(kernel, bufs, points) with what depends only on the kernel decided once (a remembered schedule's
@@ -94,4 +95,7 @@ class Compiled:
     # bounds made once), which ctypes passes as they are: converting each int through the argument types costs
     # about as much as the call itself
     fn, start, end = ctypes.CFUNCTYPE(None)(kernel.address), ctypes.c_int64(0), ctypes.c_int64(max(kernel.parallel, 1))
+    if kernel.constants:
+      constants = [ctypes.c_void_p(c) for c in kernel.constants]
+      return lambda bufs: fn(*map(_pointer, bufs), *constants, start, end)
     return lambda bufs: fn(*map(_pointer, bufs), start, end)
