@@ -162,6 +162,31 @@ def test_decoding_steps_share_an_attention_kernel():
   assert len(kernels) <= len(blocks) < 21
 
 
+def test_a_concatenated_kv_cache_compiles_nothing_within_a_block():
+  """A user's decoding loop that grows its keys and values by concatenation (no_grad, realized each step): after
+  the first step of a block of the attention kernel's lane axis, a step builds no kernel. The cats and the padding
+  are generic copies (test_copy.py); the transposed keys and the attention kernel depend on the padded length alone.
+  Lengths 35-47 share one padded length with AVX2 (32-key blocks) and AVX-512 (48 keys until 48)."""
+  from tinychad import Device, no_grad
+  from tinychad.helpers import getenv
+  if getenv("NOOPT", 0): pytest.skip("NOOPT=1 compiles every copy, and its one-lane blocks pad to 4 keys")
+  device, rng = Device["CPU"], np.random.default_rng(4)
+  def compiled() -> int: return sum(1 for kernel in device.programs.values() if not getattr(kernel, "constants", ()))
+  k, v = (Tensor(rng.standard_normal((1, 4, 33, 16)).astype(np.float32), device="CPU").realize() for _ in range(2))
+  ks, vs = [k.numpy()], [v.numpy()]
+  with no_grad():
+    for step in range(14):
+      q, k_new, v_new = (Tensor(rng.standard_normal((1, 4, 1, 16)).astype(np.float32), device="CPU") for _ in range(3))
+      ks.append(k_new.numpy()), vs.append(v_new.numpy())
+      before = compiled()
+      k, v = k.cat(k_new, dim=2), v.cat(v_new, dim=2)
+      out = F.scaled_dot_product_attention(q, k, v).realize(k, v)
+      if step > 0: assert compiled() == before, f"length {k.shape[2]} built {compiled() - before} kernels"
+  want = TF.scaled_dot_product_attention(torch.tensor(q.numpy()), torch.tensor(np.concatenate(ks, 2)),
+                                         torch.tensor(np.concatenate(vs, 2))).numpy()
+  np.testing.assert_allclose(out.numpy(), want, rtol=1e-5, atol=1e-6)
+
+
 def test_no_score_sized_buffer_at_t1024():
   """Causal attention at T = 1024 (2 heads, d 64): no kernel of the forward pass or of the gradients of q, k and v
   writes a buffer of T x T elements (the materialized approach writes 2 x T x T per score-sized step)."""

@@ -1182,9 +1182,12 @@ def _attention_graph(srcs: tuple[LazyBuffer, ...], scale: float, causal: bool, w
     # a decoding step's keys and values padded with zeros to whole blocks of the kernel's lane axis; the mask (0, then
     # -inf over the padding) hides the padding. The kernel then depends on the padded length alone: a KV cache that
     # grows by one key per token compiles a new attention kernel once per block of keys (32 float32 keys with AVX2),
-    # not at every token. A hidden key's score is -inf either way, so the results are the same
+    # not at every token. A hidden key's score is -inf either way, so the results are the same. The padded keys get a
+    # buffer of their own: the kernel reads them transposed, and a transposing copy from the padded buffer depends on
+    # the padded length alone (compiled once per block), where one from the cache itself would be a new kernel at
+    # every token; the padding copies themselves are the generic copy (engine/realize.py), which compiles nothing
     rows = ((0, 0), (0, 0), (0, padded - k.shape[2]), (0, 0))
-    k, v = k.pad(rows), v.pad(rows)
+    k, v = k.pad(rows).contiguous(), v.pad(rows)
   ctx = object.__new__(Attention)
   ctx.forward(q, k, v, *mask, scale=scale, causal=causal, window=window)
   return ctx.out
