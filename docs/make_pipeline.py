@@ -186,7 +186,10 @@ The CPU runtime compiles the source with the system C compiler (flags and their 
 `tinychad/runtime/ops_cpu.py`'s docstring) into a shared library, keeps it in the kernel cache
 (`TINYCHAD_CACHE`, `runtime/cache.py`) so that a later process loads it without compiling, loads it
 with ctypes and calls it with the buffers' addresses. `backward()` builds the gradient's graph the
-same way, and `tolist()` realizes it: its kernels go through stages 4 to 7 too.
+same way, and `tolist()` realizes it: its kernels go through stages 4 to 7 too. A kernel that only
+moves rows (a cat, a pad, a slice; `codegen/copy.py`) skips stages 5 to 7: one C function compiled
+once (`runtime/copy.py`) copies for every shape, so a tensor that grows by concatenation compiles
+nothing new at each size.
 
 <<snippet:run>>
 
