@@ -8,10 +8,11 @@ row is one memcpy; a transpose stays compiled, with its SIMD block), or a sum (f
 each element comes from at most one source and the other terms are the masked-out zeros). The plan is,
 per source, the box of the output it fills (its mask) as (count, source stride, output stride) per
 dimension, with the offsets of the box's first element; dimensions a box covers whole merge with the
-next where both layouts allow. runtime/copy.py runs every plan with one precompiled function, so a
+next where both layouts allow. Around a pad's one box, boxes of zeros fill the rest. runtime/copy.py runs every plan with one precompiled function, so a
 shape never seen before costs no compile: a KV cache grown by concatenation has new copy kernels at
-every token (~100 ms of compiling each, engine/realize.py). The copy is exact where the compiled
-kernel's `x + 0` would turn -0.0 into 0.0.
+every token (~100 ms of compiling each, engine/realize.py). The copy keeps -0.0 where the compiled
+kernel's `x + 0` made it 0.0: as torch.cat does; a sum of padded tensors written out (no overlap) keeps it
+too, where torch's add gives 0.0.
 Only outputs up to MAX_BYTES: a bigger copy is worth its compile (streaming stores past the cache, opt.py),
 and its shape rarely changes.
 """
@@ -26,7 +27,7 @@ MAX_BYTES = 1 << 20
 
 @dataclass(frozen=True)
 class CopySource:
-  buffer: int                                   # the LOAD's buffer number (1.. : the kernel's inputs)
+  buffer: int                                   # the LOAD's buffer number (1.. : the kernel's inputs); 0: zeros
   source_offset: int                            # elements, the box's first element in the source
   output_offset: int                            # elements, the same in the output
   dims: tuple[tuple[int, int, int], ...]        # (count, source stride, output stride), outermost first
@@ -36,8 +37,8 @@ class CopySource:
 class CopyPlan:
   itemsize: int
   elements: int                                 # of the output
-  sources: tuple[CopySource, ...]
-  covered: bool                                 # the boxes fill the output (else it is zeroed first)
+  sources: tuple[CopySource, ...]               # the loads' boxes, and the boxes of zeros around a pad's
+  zero_all: bool                                # several sources leave gaps: the output is zeroed first
 
 
 def copy_plan(ast: KernelNode) -> CopyPlan | None:
@@ -52,10 +53,15 @@ def copy_plan(ast: KernelNode) -> CopyPlan | None:
   boxes = [_box(load.arg[1].views[0]) for load in loads]
   if any(_overlap(a, b) for i, a in enumerate(boxes) for b in boxes[i + 1:]): return None
   out_strides = strides_for_shape(shape)
-  sources = tuple(_source(load.arg[0], load.arg[1].views[0], box, out_strides) for load, box in zip(loads, boxes))
+  sources = [_source(load.arg[0], load.arg[1].views[0].strides, load.arg[1].views[0].offset, box, out_strides)
+             for load, box in zip(loads, boxes)]
   if any(s is not None and s.dims[-1][0] > 1 and s.dims[-1][1:] != (1, 1) for s in sources): return None
-  filled = sum(prod(hi - lo for lo, hi in box) for box in boxes)
-  return CopyPlan(dtype.itemsize, prod(shape), tuple(s for s in sources if s is not None), filled == prod(shape))
+  covered = sum(prod(hi - lo for lo, hi in box) for box in boxes) == prod(shape)
+  # one box short of the output (a pad): the zeros around it, written once, instead of the whole output twice
+  if not covered and len(boxes) == 1:
+    zeros = (0,) * len(shape)
+    sources += [_source(0, zeros, 0, box, out_strides) for box in _around(boxes[0], shape)]
+  return CopyPlan(dtype.itemsize, prod(shape), tuple(s for s in sources if s is not None), not covered and len(boxes) > 1)
 
 
 def _summed_loads(node: KernelNode) -> list[KernelNode] | None:
@@ -74,14 +80,26 @@ def _overlap(a: tuple[tuple[int, int], ...], b: tuple[tuple[int, int], ...]) -> 
   return all(max(lo_a, lo_b) < min(hi_a, hi_b) for (lo_a, hi_a), (lo_b, hi_b) in zip(a, b))
 
 
-def _source(buffer: int, view: View, box: tuple[tuple[int, int], ...], out_strides: tuple[int, ...]) -> CopySource | None:
+def _around(box: tuple[tuple[int, int], ...], shape: tuple[int, ...]) -> list[tuple[tuple[int, int], ...]]:
+  """Boxes that, with `box`, tile `shape` without overlapping: per dimension d, the slabs before and after the box
+  along d, inside the box along the dimensions before d and whole along those after."""
+  out = []
+  for d, ((lo, hi), size) in enumerate(zip(box, shape)):
+    inside, whole = box[:d], tuple((0, n) for n in shape[d + 1:])
+    if lo > 0: out.append(inside + ((0, lo),) + whole)
+    if hi < size: out.append(inside + ((hi, size),) + whole)
+  return out
+
+
+def _source(buffer: int, strides: tuple[int, ...], offset: int, box: tuple[tuple[int, int], ...],
+            out_strides: tuple[int, ...]) -> CopySource | None:
   """The box as a CopySource, its dimensions merged where both layouts run on; None for an empty box."""
   counts = [hi - lo for lo, hi in box]
   if 0 in counts: return None
-  source_offset = view.offset + sum(lo * st for (lo, _), st in zip(box, view.strides))
+  source_offset = offset + sum(lo * st for (lo, _), st in zip(box, strides))
   output_offset = sum(lo * st for (lo, _), st in zip(box, out_strides))
   dims: list[list[int]] = []
-  for count, src, out in zip(counts, view.strides, out_strides):
+  for count, src, out in zip(counts, strides, out_strides):
     if count == 1: continue
     if dims and dims[-1][1] == src * count and dims[-1][2] == out * count: dims[-1] = [dims[-1][0] * count, src, out]
     else: dims.append([count, src, out])
