@@ -91,6 +91,9 @@ class _Nodes:
     return acc
 
 
+# kernel nodes are interned, so an erf over the same node is the same tree: a decoding step schedules a GELU per
+# layer at every new length (~1 ms each to build), over a handful of distinct inputs
+@functools.lru_cache(maxsize=1024)
 def erf_node(x: KernelNode, const_view: ShapeTracker) -> KernelNode:
   """erf(x) in primitive nodes, of x's dtype: float64 by its own series, any other float through float32."""
   if x.dtype == dtypes.float64: return _erf64(_Nodes(dtypes.float64, const_view), x)
