@@ -40,9 +40,8 @@ COPIES = {
   "cat_middle": (((2, 3, 4), (2, 1, 4)), lambda a, b: torch.cat([a, b], 1) if isinstance(a, torch.Tensor) else a.cat(b, dim=1)),
   "cat_three": (((3, 4), (1, 4), (2, 4)),
                 lambda a, b, c: torch.cat([a, b, c], 0) if isinstance(a, torch.Tensor) else a.cat(b, c, dim=0)),
-  "cat_transposed_source": (((2, 4, 3, 8), (2, 4, 1, 8)),
-                            lambda a, b: torch.cat([a, b.transpose(0, 1).transpose(0, 1)], 2) if isinstance(a, torch.Tensor)
-                            else a.cat(b.transpose(0, 1).transpose(0, 1), dim=2)),
+  "cat_sliced_source": (((2, 4, 3, 8), (2, 4, 3, 8)),
+                        lambda a, b: torch.cat([a, b[:, :, 1:2]], 2) if isinstance(a, torch.Tensor) else a.cat(b[:, :, 1:2], dim=2)),
   "pad": (((3, 4, 5),), lambda a: torch.nn.functional.pad(a, (0, 0, 1, 2)) if isinstance(a, torch.Tensor)
           else a.pad(((0, 0), (1, 2), (0, 0))).contiguous()),
   "pad_all_sides": (((3, 4, 5),), lambda a: torch.nn.functional.pad(a, (2, 0, 0, 1, 1, 2)) if isinstance(a, torch.Tensor)
@@ -57,7 +56,7 @@ COPIES = {
                   if isinstance(a, torch.Tensor) else a.pad(((0, 0), (0, 3), (0, 0))) + b.pad(((0, 0), (4, 0), (0, 0)))),
   "slice_rows": (((6, 8),), lambda a: a[1:5].contiguous()),
   "permute_outer": (((3, 4, 5, 6),), lambda a: a.permute(1, 0, 2, 3).contiguous()),
-  "flip_rows": (((5, 7),), lambda a: a.flip(0).contiguous() if isinstance(a, torch.Tensor) else a.flip(0).contiguous()),
+  "flip_rows": (((5, 7),), lambda a: a.flip(0).contiguous()),
   "expand": (((1, 4, 5),), lambda a: a.expand(3, 4, 5).contiguous()),
   "big_cat": (((4, 200, 64), (4, 1, 64)), lambda a, b: torch.cat([a, b], 1) if isinstance(a, torch.Tensor) else a.cat(b, dim=1)),
 }
