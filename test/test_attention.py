@@ -162,14 +162,13 @@ def test_decoding_steps_share_an_attention_kernel():
   assert len(kernels) <= len(blocks) < 21
 
 
-def test_a_concatenated_kv_cache_compiles_nothing_within_a_block():
+def test_a_concatenated_kv_cache_compiles_nothing_within_a_block(set_noopt):
   """A user's decoding loop that grows its keys and values by concatenation (no_grad, realized each step): after
   the first step of a block of the attention kernel's lane axis, a step builds no kernel. The cats and the padding
   are generic copies (test_copy.py); the transposed keys and the attention kernel depend on the padded length alone.
   Lengths 35-47 share one padded length with AVX2 (32-key blocks) and AVX-512 (48 keys until 48)."""
   from tinychad import Device, no_grad
-  from tinychad.helpers import getenv
-  if getenv("NOOPT", 0): pytest.skip("NOOPT=1 compiles every copy, and its one-lane blocks pad to 4 keys")
+  set_noopt("0")      # NOOPT=1 compiles every copy, and its one-lane blocks pad to 4 keys
   device, rng = Device["CPU"], np.random.default_rng(4)
   def compiled() -> int: return sum(1 for kernel in device.programs.values() if not getattr(kernel, "constants", ()))
   k, v = (Tensor(rng.standard_normal((1, 4, 33, 16)).astype(np.float32), device="CPU").realize() for _ in range(2))

@@ -16,7 +16,8 @@ NATIVE = [name for name in ("CPU", "LLVM") if Device.available(name)]
 
 
 @pytest.fixture(params=NATIVE)
-def device(request):
+def device(request, set_noopt):
+  set_noopt("0")      # NOOPT=1 compiles every copy: these tests are about the generic one, whatever the environment
   return request.param
 
 
