@@ -9,8 +9,6 @@ import pytest
 import torch
 from tinychad import Device, Tensor, TinyJit, dtypes
 from tinychad.codegen.copy import MAX_BYTES, copy_plan
-from tinychad.engine.schedule import schedule_graph
-from tinychad.engine.schedule_cache import graph_key
 
 NATIVE = [name for name in ("CPU", "LLVM") if Device.available(name)]
 
@@ -22,10 +20,7 @@ def device(request, set_noopt):
 
 
 def _kernels(t: Tensor) -> list:
-  outs = [t.lazydata]
-  key, nodes = graph_key(outs)
-  items, _ = schedule_graph(outs, key, nodes, None)
-  return [item for item in items if item.is_kernel]
+  return [item for item in t.schedule() if item.is_kernel]
 
 
 def _inputs(shapes, dtype=np.float32, seed=0):

@@ -132,3 +132,13 @@ def compile_c(source: str, name: str, contract: bool = False) -> ctypes.CDLL:
   """The library built from `source`, loaded: from memory, else from the disk cache, else compiled."""
   key = cache_key(".so", compiler_identity(source, contract), source)
   return memoize(key, lambda: load_library(cached_bytes(key, ".so", lambda: build_c(source, name, contract))))
+
+
+@functools.lru_cache(maxsize=None)
+def helper_library(source: str, name: str) -> ctypes.CDLL | None:
+  """A runtime helper's C (the thread pool, the generic copy) built and loaded once, or None when there is no
+  working C compiler: the caller then does without it (asked once, not at every kernel)."""
+  try:
+    return compile_c(source, name)
+  except (CompileError, OSError):
+    return None

@@ -11,9 +11,8 @@ innermost dimension runs along both buffers).
 """
 from __future__ import annotations
 import ctypes
-import functools
 from typing import Any
-from tinychad.runtime.cc import CompileError, compile_c
+from tinychad.runtime.cc import helper_library
 from tinychad.runtime.compiled import Kernel, kernel_function
 from tinychad.runtime.threads import MIN_PARALLEL_WORK, POOL_MAX_ARGS
 
@@ -74,15 +73,6 @@ static void copy(char* out, char** sources, const long long* p, long long start,
 """.replace("%ENTRY_POINTS%", _entry_points())
 
 
-@functools.lru_cache(maxsize=None)
-def _library() -> ctypes.CDLL | None:
-  """COPY_SOURCE compiled and loaded, or None when there is no working C compiler."""
-  try:
-    return compile_c(COPY_SOURCE, "generic copy")
-  except (CompileError, OSError):
-    return None
-
-
 def geometry(plan: Any, pieces: int) -> list[int]:
   """A codegen/copy.py CopyPlan as the int64s the function reads (module docstring); a device imports no codegen,
   so the plan comes as it is, from engine/realize.py."""
@@ -95,7 +85,7 @@ def geometry(plan: Any, pieces: int) -> list[int]:
 
 def copy_kernel(plan: Any, inputs: int) -> Kernel | None:
   """The generic copy for a kernel of `inputs` input buffers, or None (no C compiler, or too many inputs)."""
-  if not 1 <= inputs <= MAX_INPUTS or (library := _library()) is None: return None
+  if not 1 <= inputs <= MAX_INPUTS or (library := helper_library(COPY_SOURCE, "generic copy")) is None: return None
   # a copy that zeroes its whole output first runs in one piece, so no piece can zero another's copied rows
   pieces = PIECES if not plan.zero_all and plan.elements >= MIN_PARALLEL_WORK else 1
   numbers = geometry(plan, pieces)

@@ -26,7 +26,7 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 from tinychad.helpers import getenv
-from tinychad.runtime.cc import CompileError, compile_c
+from tinychad.runtime.cc import helper_library
 
 MIN_PARALLEL_WORK = 1 << 16
 POOL_MAX_ARGS = 32          # buffers a kernel may take and still run on the native pool
@@ -201,18 +201,9 @@ def thread_count() -> int:
 
 
 @functools.lru_cache(maxsize=None)
-def _native_library() -> ctypes.CDLL | None:
-  """POOL_SOURCE compiled and loaded, or None when there is no working C compiler."""
-  try:
-    return compile_c(POOL_SOURCE, "thread pool")
-  except (CompileError, OSError):
-    return None
-
-
-@functools.lru_cache(maxsize=None)
 def _native_pool() -> Callable | None:
   """tc_run from POOL_SOURCE, or None when there is no working C compiler."""
-  if (library := _native_library()) is None: return None
+  if (library := helper_library(POOL_SOURCE, "thread pool")) is None: return None
   run = library.tc_run
   run.restype = ctypes.c_int
   run.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p), ctypes.c_int, ctypes.c_int64, ctypes.c_int, ctypes.c_int]
@@ -222,7 +213,7 @@ def _native_pool() -> Callable | None:
 @functools.lru_cache(maxsize=None)
 def _native_list() -> Callable | None:
   """tc_run_list from POOL_SOURCE, or None when there is no working C compiler."""
-  if (library := _native_library()) is None: return None
+  if (library := helper_library(POOL_SOURCE, "thread pool")) is None: return None
   run = library.tc_run_list
   run.restype = ctypes.c_int
   run.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
