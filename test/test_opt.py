@@ -265,6 +265,7 @@ def test_batched_matmul_threads_split_the_batch(monkeypatch):
   from tinychad.codegen.linearize import opt_inputs
   from tinychad.codegen.opt import choose_opts
   monkeypatch.setenv("NOOPT", "0")
+  monkeypatch.setenv("THREADS", "1")
   q, kt, w = Tensor.rand(32, 128, 64, device="NUMPY"), Tensor.rand(32, 64, 128, device="NUMPY"), Tensor.rand(64, 128, device="NUMPY")
   for b, batched in ((kt, True), (w, False)):
     (item,) = [it for it in create_schedule([(q @ b).lazydata]) if it.is_kernel]
@@ -280,6 +281,30 @@ def _matmul_opts(m: int, k: int, n: int):
   a, b = Tensor.rand(m, k, device="NUMPY"), Tensor.rand(k, n, device="NUMPY")
   (item,) = [it for it in create_schedule([(a @ b).lazydata]) if it.is_kernel]
   return item, choose_opts(*opt_inputs(item.ast))
+
+
+@pytest.mark.parametrize("threads,k,panels,rows_outer", [("2", 768, 3, True), ("1", 768, 3, False), ("3", 768, 3, False),
+                                                         ("2", 768, 4, False), ("2", 2048, 3, False)],
+                         ids=["3-panels-2-threads", "1-thread", "3-threads", "4-panels", "big-b"])
+def test_few_panels_put_the_rows_outermost(monkeypatch, threads, k, panels, rows_outer):
+  """Threads split the outermost loop: 3 panels of columns on 2 threads would run as 2 and 1, so the tile's rows go
+  outermost instead; 1 or 3 threads, 4 panels on 2, or a b too big to read whole per tile of rows keep the panels
+  outermost. An export's kernels (one thread) never move. Either way the product is right."""
+  from tinychad.codegen.opt import BALANCE_MAX_BYTES
+  m, n = 1040, panels * panel_width(dtypes.float32)
+  assert (k * n * 4 > BALANCE_MAX_BYTES) == (k == 2048)
+  monkeypatch.setenv("NOOPT", "0")
+  monkeypatch.setenv("THREADS", threads)
+  item, opts = _matmul_opts(m, k, n)
+  outer = opts.order[0]
+  assert (outer != opts.vector[0]) == rows_outer, opts
+  program = linearize(item.ast, item.name, opts)
+  assert program.parallel == (m // opts.upcast[outer] if rows_outer else panels)
+  with target_simd_bytes(simd_bytes(), cpu_tuning(simd_bytes())):
+    assert _matmul_opts(m, k, n)[1].order[0] == opts.vector[0]
+  if rows_outer:
+    a, b = rng.standard_normal((m, k), dtype=np.float32), rng.standard_normal((k, n), dtype=np.float32)
+    _check(lambda x, y: x @ y, a, b, tol=1e-3)
 
 
 def test_register_tile_shapes(monkeypatch, host_row):
@@ -418,6 +443,7 @@ def test_operand_not_packed(monkeypatch, m, k, n, noopt):
 
 def _staged_program(monkeypatch, a: Tensor, b: Tensor, noopt: str = "0"):
   monkeypatch.setenv("NOOPT", noopt)
+  monkeypatch.setenv("THREADS", "1")    # the loop order of one thread (test_few_panels_put_the_rows_outermost: more)
   (item,) = _kernels(a @ b)
   return linearize(item.ast, item.name)
 

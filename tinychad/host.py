@@ -1,14 +1,18 @@
 """Facts about the host CPU that both the code generator and the runtimes need.
 
-in: /proc/cpuinfo (read once)  ->  out: the SIMD register width. Kept below codegen and the runtimes so
-neither has to import the other for it. An export for another machine (WebAssembly's 128-bit SIMD, NEON)
+in: /proc/cpuinfo and the core count (read once), THREADS  ->  out: the SIMD register width and the threads kernels
+are split over. Kept below codegen and the runtimes so neither has to import the other for them. An export for another machine (WebAssembly's 128-bit SIMD, NEON)
 lowers its kernels inside `target_simd_bytes(16)`, which every caller of simd_bytes() then sees; an
 export for a machine whose code generator wants other kernel shapes names its row of codegen/opt.py's
 tuning table there too (`target_simd_bytes(16, "wasm")`, seen by target_tuning()).
 """
 import contextlib
 import functools
+import os
 from typing import Iterator
+from tinychad.helpers import getenv
+
+MAX_THREADS = 64                        # the most threads the thread pool (runtime/threads.py) runs
 
 _targets: list[tuple[int, str]] = []   # the open target_simd_bytes() blocks' (width, tuning), innermost last
 
@@ -50,3 +54,19 @@ def host_simd_bytes() -> int:
     flags = []
   if "avx512f" in flags: return 64
   return 32 if "avx2" in flags else 16
+
+
+@functools.lru_cache(maxsize=None)
+def host_cores() -> int:
+  return os.cpu_count() or 1       # ~9 us a call here: asked once, not per kernel
+
+
+def thread_count() -> int:
+  """Threads the runtime splits a kernel's outermost loop over: THREADS, else the host's cores (at most MAX_THREADS)."""
+  return max(1, min(getenv("THREADS", host_cores()), MAX_THREADS))
+
+
+def target_threads() -> int:
+  """Threads the kernels being lowered will be split over: thread_count() for the host's own, 1 for an export's
+  (its program runs every kernel on one thread)."""
+  return 1 if _targets else thread_count()

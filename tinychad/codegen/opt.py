@@ -49,6 +49,12 @@ The heuristics, in order (every choice divides its axis, except a register tile'
     vector axis is then split into (panel, lane) and the panel axis must stay outside the tile's.
     Axes B doesn't move along keep their natural order (a convolution's batch axis stays
     outermost: moving it inward would stride through the activations).
+  - thread balance: the threads split the outermost loop that has more than one pass. Where its passes
+    keep less than BALANCE_MIN_SHARE of them busy (192 columns are 3 panels of 64: 2 threads ran 2 and
+    1, one idle a quarter of the time) and the tile's shared operand fits BALANCE_MAX_BYTES, the axis
+    with the most passes among those that share well and that B stays put along (the tile's rows, a
+    batch) goes outermost instead: each tile of rows then reads all of B from L2, unstaged (a ViT's 1040 x 768 @ 768 x 192: 150 -> 196 GFLOP/s on 2 threads, bench/README.md).
+    Lowering for an export (one thread) never reorders.
   - row cache (`cache_rows`): a row reduce's second pass (engine/schedule.py) reads back the costly
     values its reduce loop computed (softmax's exp), from a scratch row, instead of computing them
     again (codegen/rowcache.py);
@@ -66,7 +72,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from tinychad.dtype import NATIVE_VECTOR_DTYPES, VECTOR_DTYPES, DType
 from tinychad.helpers import getenv, prod
-from tinychad.host import simd_bytes, target_tuning
+from tinychad.host import simd_bytes, target_threads, target_tuning
 from tinychad.ops import OP_INFO, Op
 
 # ops a SIMD kernel may not contain (the dtypes it may hold are dtype.VECTOR_DTYPES)
@@ -104,6 +110,10 @@ TRANSPOSE_STORE_LANES = 8      # elements along the store's axis per step: 16x8 
 MASKED_UNROLL_MAX = 16
 MASKED_UNROLL_LANES = 128
 STAGE_MIN_REUSE = 4            # passes of the tile over a staged panel: fewer don't repay the copy
+# thread balance: the tile's rows go outermost where the outermost loop keeps less than this share of the threads busy
+BALANCE_MIN_SHARE = 0.9
+# ... and the shared operand, which each tile of rows then reads whole, is at most this big (it stays in L2)
+BALANCE_MAX_BYTES = 1 << 20
 # the search may try more than the heuristic does: which tile wins depends on the machine and the shape
 SEARCH_MAX_ACCUMULATORS = 32
 SEARCH_ROW_VECTORS = (1, 2, 4)
@@ -298,8 +308,31 @@ def _build_opts(dims: Dims, leaves: list[LeafAccess], vector: Vector,
     panel = _panel_axes(dims, leaves, list(tile), vec)
     batch = _batch_axes(leaves, panel)
     opts.order = batch + [vec] + [d for d in panel if d not in batch] + [d for d in opts.order if d != vec and d not in panel]
+    opts.order = _balanced_order(dims, leaves, opts, list(tile))
     opts.stage = _pick_stage(dims, leaves, opts, list(tile))
   return opts
+
+
+def _busy_share(passes: int, threads: int) -> float:
+  """The share of `threads` kept busy by a loop of `passes` equal passes split among them."""
+  return passes / (-(-passes // threads) * threads)
+
+
+def _balanced_order(dims: Dims, leaves: list[LeafAccess], opts: Opts, tile: list[int]) -> list[int]:
+  """opts.order, or it with an axis the tile's shared operand stays put along moved outermost, where the threads would
+  share the outermost loop badly (module docstring: thread balance)."""
+  threads, order = target_threads(), opts.order
+  outer = next((d for d in order if _loop_passes(dims, opts, d) > 1), None)
+  if outer is None or _busy_share(_loop_passes(dims, opts, outer), threads) >= BALANCE_MIN_SHARE: return order
+  shared = _shared_loads(leaves, tile)
+  if len(shared) != 1: return order
+  leaf = leaves[shared[0]]
+  if prod(size for d, (size, _) in enumerate(dims) if leaf.strides[d]) * leaf.itemsize > BALANCE_MAX_BYTES: return order
+  # the axes B stays put along (the tile's rows, a batch of images) may go outermost without B moving any more often
+  still = [d for d in order if leaf.strides[d] == 0 and _busy_share(_loop_passes(dims, opts, d), threads) >= BALANCE_MIN_SHARE]
+  if not still: return order
+  rows = max(still, key=lambda d: _loop_passes(dims, opts, d))
+  return [rows] + [d for d in order if d != rows]
 
 
 def panel_strides(dims: Dims, lanes: int) -> dict[int, int]:

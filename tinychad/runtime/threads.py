@@ -22,15 +22,13 @@ on the calling thread or the pool by the same rule.
 from __future__ import annotations
 import ctypes
 import functools
-import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
-from tinychad.helpers import getenv
+from tinychad.host import MAX_THREADS, thread_count
 from tinychad.runtime.cc import helper_library
 
 MIN_PARALLEL_WORK = 1 << 16
 POOL_MAX_ARGS = 32          # buffers a kernel may take and still run on the native pool
-POOL_MAX_THREADS = 64
 SPIN_NS = 300_000           # a training step's Python work between two kernels is ~30-100 us
 WORKER_STACK_BYTES = 8 << 20  # glibc's default with the usual 8 MiB ulimit; kernels stage panels on the stack
 CHUNKS_PER_THREAD = 4       # pieces of the parallel loop per thread: enough to rebalance, few enough to stay coarse
@@ -186,18 +184,9 @@ int tc_run_list(int n, void** fns, void** args, int* offsets, long long* extents
   return 0;
 }
 """
-for _name, _value in (("%CASES%", _call_cases()), ("%SPIN_NS%", str(SPIN_NS)), ("%MAX_THREADS%", str(POOL_MAX_THREADS)),
+for _name, _value in (("%CASES%", _call_cases()), ("%SPIN_NS%", str(SPIN_NS)), ("%MAX_THREADS%", str(MAX_THREADS)),
                       ("%STACK_BYTES%", str(WORKER_STACK_BYTES))):
   POOL_SOURCE = POOL_SOURCE.replace(_name, _value)
-
-
-@functools.lru_cache(maxsize=None)
-def _cores() -> int:
-  return os.cpu_count() or 1       # ~9 us a call here: asked once, not per kernel
-
-
-def thread_count() -> int:
-  return max(1, min(getenv("THREADS", _cores()), POOL_MAX_THREADS))
 
 
 @functools.lru_cache(maxsize=None)
