@@ -1211,13 +1211,13 @@ MAX_PADDING_MASKS = 256
 def _padding_mask(source: int, dtype, device: str) -> LazyBuffer:
   """(1, 1, 1, padded): `source` keys padded to whole blocks of an attention kernel's lane axis, 0 over the first
   `source` lanes, -inf after. A whole number of blocks gets one too, all zeros, so that it runs the same kernel as the
-  lengths just below it. (Any padded length gives the same results: a block that NOOPT changed since only shares
-  kernels less.)"""
-  key = (source, dtype, device)
+  lengths just below it. Keyed by the block too, which NOOPT changes: a mask made under the other setting would give
+  the same results but a padded length of its own, so kernels that a step would otherwise share."""
+  block = _lanes_and_block(1, source, dtype)[1]
+  key = (source, dtype, device, block)
   mask = _padding_masks.get(key)
   if mask is None:
     if len(_padding_masks) >= MAX_PADDING_MASKS: _padding_masks.clear()
-    block = _lanes_and_block(1, source, dtype)[1]
     padded = -(-source // block) * block
     hide = np.zeros((1, 1, 1, padded), dtype=dtype.np)
     hide[..., source:] = -np.inf
