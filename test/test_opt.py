@@ -307,6 +307,20 @@ def test_few_panels_put_the_rows_outermost(monkeypatch, threads, k, panels, rows
     _check(lambda x, y: x @ y, a, b, tol=1e-3)
 
 
+@pytest.mark.parametrize("m", [997, 1042], ids=["prime-rows", "rows-2-times-prime"])
+def test_rows_that_no_tile_divides_keep_their_tile(monkeypatch, m):
+  """Thread balance can't put rows outermost with a tail tile (the tail runs once per call): where only a much smaller
+  tile divides them (997 rows: none, 1042: 2), the 6-row tile and its tail stay, inside the panel loop."""
+  n = 3 * panel_width(dtypes.float32)
+  monkeypatch.setenv("NOOPT", "0")
+  monkeypatch.setenv("THREADS", "2")
+  item, opts = _matmul_opts(m, 768, n)
+  rows = next(d for d in opts.upcast if d != opts.vector[0])
+  assert opts.upcast[rows] > 2 and opts.order[0] == opts.vector[0], opts
+  a, b = rng.standard_normal((m, 768), dtype=np.float32), rng.standard_normal((768, n), dtype=np.float32)
+  _check(lambda x, y: x @ y, a, b, tol=1e-3)
+
+
 def test_register_tile_shapes(monkeypatch, host_row):
   """A long matmul's tile is 6 rows of 4 vectors, with a tail tile where 6 doesn't divide the rows;
   attention's q @ k^T (a reduce over 64) gets 4 rows of 4 vectors, and 2 vectors of lanes 8 rows."""

@@ -295,10 +295,11 @@ def _vector_fits(dims: Dims, vector: Vector, count: int) -> bool:
 
 
 def _build_opts(dims: Dims, leaves: list[LeafAccess], vector: Vector,
-               count: int = 1, tile: dict[int, int] | None = None) -> Opts:
+               count: int = 1, tile: dict[int, int] | None = None, balance: bool = True) -> Opts:
   """The Opts for one set of choices: `vector` = (axis, width) or None, `count` SIMD vectors along the
   vector axis (a tile's row on a non-reduce axis, partial sums on a reduce axis) and `tile`, the
-  unroll of each register-tile axis. The loop order follows the heuristic's rule (module docstring)."""
+  unroll of each register-tile axis. The loop order follows the heuristic's rule (module docstring), thread
+  balance included unless `balance` is False."""
   opts, tile = Opts(order=_natural_order(dims)), tile or {}
   if vector is not None:
     opts.vector, opts.upcast[vector[0]] = vector, count * vector[1]
@@ -308,7 +309,7 @@ def _build_opts(dims: Dims, leaves: list[LeafAccess], vector: Vector,
     panel = _panel_axes(dims, leaves, list(tile), vec)
     batch = _batch_axes(leaves, panel)
     opts.order = batch + [vec] + [d for d in panel if d not in batch] + [d for d in opts.order if d != vec and d not in panel]
-    opts.order = _balanced_order(dims, leaves, opts, list(tile))
+    if balance: opts.order = _balanced_order(dims, leaves, opts, list(tile))
     opts.stage = _pick_stage(dims, leaves, opts, list(tile))
   return opts
 
@@ -518,8 +519,12 @@ def _complete(dims: Dims, leaves: list[LeafAccess], vector: Vector, dtypes_used:
   tile = _heuristic_tile(dims, leaves, vec, budget, tails=True)
   opts = _build_opts(dims, leaves, vector, count, tile)
   if not tails_are_valid(dims, opts):
-    tile = _heuristic_tile(dims, leaves, vec, budget, tails=False)
-    opts = _build_opts(dims, leaves, vector, count, tile)
+    # a tile without a tail, or (where thread balance moved the tail's axis outermost) the tail tile unbalanced, when
+    # the tiles that divide the axis are much smaller (997 rows: none; 1042: 2 rows, against 6 and a tail of 4)
+    exact = _heuristic_tile(dims, leaves, vec, budget, tails=False)
+    unbalanced = _build_opts(dims, leaves, vector, count, tile, balance=False)
+    if _tile_size(exact) * 3 < _tile_size(tile) * 2 and tails_are_valid(dims, unbalanced): opts = unbalanced
+    else: tile, opts = exact, _build_opts(dims, leaves, vector, count, exact)
   if not tile and vec_is_reduce and _vector_fits(dims, vector, REDUCE_ACCUMULATORS):
     opts = _build_opts(dims, leaves, vector, REDUCE_ACCUMULATORS)
   opts.unroll = tuning.reduce_unroll
