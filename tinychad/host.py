@@ -1,10 +1,11 @@
 """Facts about the host CPU that both the code generator and the runtimes need.
 
-in: /proc/cpuinfo and the core count (read once), THREADS  ->  out: the SIMD register width and the threads kernels
-are split over. Kept below codegen and the runtimes so neither has to import the other for them. An export for another machine (WebAssembly's 128-bit SIMD, NEON)
-lowers its kernels inside `target_simd_bytes(16)`, which every caller of simd_bytes() then sees; an
-export for a machine whose code generator wants other kernel shapes names its row of codegen/opt.py's
-tuning table there too (`target_simd_bytes(16, "wasm")`, seen by target_tuning()).
+in: /proc/cpuinfo and the core count (read once), THREADS  ->  out: the SIMD register width and the threads
+kernels are split over. Kept below codegen and the runtimes so neither has to import the other for them. An
+export for another machine (WebAssembly's 128-bit SIMD, NEON) lowers its kernels inside `target_simd_bytes(16)`,
+which every caller of simd_bytes() then sees (and target_threads() as one thread); an export for a machine whose
+code generator wants other kernel shapes names its row of codegen/opt.py's tuning table there too
+(`target_simd_bytes(16, "wasm")`, seen by target_tuning()).
 """
 import contextlib
 import functools

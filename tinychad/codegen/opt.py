@@ -51,10 +51,12 @@ The heuristics, in order (every choice divides its axis, except a register tile'
     outermost: moving it inward would stride through the activations).
   - thread balance: the threads split the outermost loop that has more than one pass. Where its passes
     keep less than BALANCE_MIN_SHARE of them busy (192 columns are 3 panels of 64: 2 threads ran 2 and
-    1, one idle a quarter of the time) and the tile's shared operand fits BALANCE_MAX_BYTES, the axis
-    with the most passes among those that share well and that B stays put along (the tile's rows, a
-    batch) goes outermost instead: each tile of rows then reads all of B from L2, unstaged (a ViT's 1040 x 768 @ 768 x 192: 150 -> 196 GFLOP/s on 2 threads, bench/README.md).
-    Lowering for an export (one thread) never reorders.
+    1, so the kernel took two panels' time for three panels' work) and the tile's shared operand fits
+    BALANCE_MAX_BYTES, the axis with the most passes among those that share well and that B stays put
+    along (the tile's rows, a batch) goes outermost instead: each tile of rows then reads all of B from
+    L2, unstaged (a ViT's 1040 x 768 @ 768 x 192: ~150 -> ~200 GFLOP/s on 2 threads, bench/README.md).
+    A tail can't be in that loop: the rows take a tile that divides them, unless only a much smaller one
+    does (then the tail tile stays, unbalanced). Lowering for an export (one thread) never reorders.
   - row cache (`cache_rows`): a row reduce's second pass (engine/schedule.py) reads back the costly
     values its reduce loop computed (softmax's exp), from a scratch row, instead of computing them
     again (codegen/rowcache.py);
@@ -110,7 +112,7 @@ TRANSPOSE_STORE_LANES = 8      # elements along the store's axis per step: 16x8 
 MASKED_UNROLL_MAX = 16
 MASKED_UNROLL_LANES = 128
 STAGE_MIN_REUSE = 4            # passes of the tile over a staged panel: fewer don't repay the copy
-# thread balance: the tile's rows go outermost where the outermost loop keeps less than this share of the threads busy
+# thread balance: another axis goes outermost where the outermost loop keeps less than this share of the threads busy
 BALANCE_MIN_SHARE = 0.9
 # ... and the shared operand, which each tile of rows then reads whole, is at most this big (it stays in L2)
 BALANCE_MAX_BYTES = 1 << 20
