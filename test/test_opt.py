@@ -9,6 +9,7 @@ out: pass when every variant matches the NUMPY reference (float sums within tole
      the loop exactly once.
 """
 import ctypes
+import gc
 import re
 import numpy as np
 import pytest
@@ -496,6 +497,15 @@ def test_operand_not_staged(monkeypatch, host_row, m, n, noopt):
   # two tiles of rows don't repay the copy, a b exactly one panel wide is a panel already, NOOPT
   a, b = Tensor.rand(m, 96, device="NUMPY").realize(), Tensor.rand(96, n, device="NUMPY").realize()
   assert not any(u.op is UOps.DEFINE_LOCAL for u in _staged_program(monkeypatch, a, b, noopt).uops)
+
+
+def test_freed_kernel_lists_leave_no_cyclic_garbage():
+  """A KernelList's arrays of argument counts nothing else has (a launch replaced by another) die by reference
+  counting: their ctypes array types, each a reference cycle, stay cached (threads.c_array)."""
+  gc.collect()
+  for count in (7919, 7907, 7901):
+    threads.KernelList([(0, [0] * count, 1, 1), (0, [0] * 3, 1, 1)])
+  assert gc.collect() == 0
 
 
 # the first piece is slow, so the other thread takes the rest of the first thread's block

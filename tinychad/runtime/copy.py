@@ -14,7 +14,7 @@ import ctypes
 from typing import Any
 from tinychad.runtime.cc import helper_library
 from tinychad.runtime.compiled import Kernel, kernel_function
-from tinychad.runtime.threads import MIN_PARALLEL_WORK, POOL_MAX_ARGS
+from tinychad.runtime.threads import MIN_PARALLEL_WORK, POOL_MAX_ARGS, c_array
 
 MAX_INPUTS = POOL_MAX_ARGS - 2      # the output and the geometry take two of the pool's argument slots
 PIECES = 16                         # a big copy's parallel extent: the thread pool splits it as a kernel's loop
@@ -89,7 +89,7 @@ def copy_kernel(plan: Any, inputs: int) -> Kernel | None:
   # a copy that zeroes its whole output first runs in one piece, so no piece can zero another's copied rows
   pieces = PIECES if not plan.zero_all and plan.elements >= MIN_PARALLEL_WORK else 1
   numbers = geometry(plan, pieces)
-  params = (ctypes.c_longlong * len(numbers))(*numbers)
+  params = c_array(ctypes.c_longlong, numbers)
   address = ctypes.cast(getattr(library, f"tc_copy_{inputs}"), ctypes.c_void_p).value
   fn = kernel_function(address, inputs + 2)
   # the Kernel holds the geometry (its owner) as long as anything can run it

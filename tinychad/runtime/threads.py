@@ -210,6 +210,18 @@ def _native_list() -> Callable | None:
   return run
 
 
+@functools.lru_cache(maxsize=4096)
+def _array_type(ctype: type, length: int) -> type:
+  return ctype * length
+
+
+def c_array(ctype: type, values: list) -> ctypes.Array:
+  """A ctypes array of `values`. Its type is kept here: ctypes keeps an array type only while an array of it lives,
+  and a type is a reference cycle, so each one freed with its last array (a launch's KernelList replaced, a parallel
+  kernel's arguments) was garbage for the cycle collector."""
+  return _array_type(ctype, len(values))(*values)
+
+
 class KernelList:
   """Kernels run in order by one native call (tc_run_list): a TinyJit replay's launches cost ~0.1 us each
   instead of the ~4 us of a Python call per kernel (argument list, thread decision, ctypes). Each kernel is
@@ -219,14 +231,14 @@ class KernelList:
   def __init__(self, kernels: list[tuple[int, list[int], int, int]]):
     flat = [a for _, args, _, _ in kernels for a in args]
     self.count = len(kernels)
-    self.fns = (ctypes.c_void_p * len(kernels))(*[address for address, _, _, _ in kernels])
-    self.args = (ctypes.c_void_p * max(len(flat), 1))(*flat)
+    self.fns = c_array(ctypes.c_void_p, [address for address, _, _, _ in kernels])
+    self.args = c_array(ctypes.c_void_p, flat or [0])
     ends = [0]
     for _, args, _, _ in kernels: ends.append(ends[-1] + len(args))
-    self.offsets = (ctypes.c_int * len(ends))(*ends)
+    self.offsets = c_array(ctypes.c_int, ends)
     self.starts = ends[:-1]     # kernel i's first argument slot
-    self.extents = (ctypes.c_int64 * len(kernels))(*[extent for _, _, extent, _ in kernels])
-    self.wide = (ctypes.c_ubyte * len(kernels))(*[work >= MIN_PARALLEL_WORK for _, _, _, work in kernels])
+    self.extents = c_array(ctypes.c_int64, [extent for _, _, extent, _ in kernels])
+    self.wide = c_array(ctypes.c_ubyte, [work >= MIN_PARALLEL_WORK for _, _, _, work in kernels])
 
   @staticmethod
   def available(buffers: int) -> bool:
@@ -272,7 +284,7 @@ def run_parallel(fn: Callable[..., None], args: list, extent: int, work: int, ad
   if native is not None:
     if address is None: address = ctypes.cast(fn, ctypes.c_void_p).value
     pieces = min(extent, parts * CHUNKS_PER_THREAD)
-    if native(address, (ctypes.c_void_p * len(args))(*args), len(args), extent, parts, pieces) == 0: return
+    if native(address, c_array(ctypes.c_void_p, args), len(args), extent, parts, pieces) == 0: return
   ranges = chunks(extent, parts)
   futures = [_executor(parts - 1).submit(fn, *args, lo, hi) for lo, hi in ranges[1:]]
   fn(*args, *ranges[0])
