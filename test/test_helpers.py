@@ -6,7 +6,7 @@ import subprocess
 import sys
 import itertools
 import pytest
-from tinychad.helpers import GC_THRESHOLD, PYTHON_GC_THRESHOLD, atomic_open, atomic_write, getenv, inverse_permutation
+from tinychad.helpers import GC_THRESHOLD, PYTHON_GC_THRESHOLD, EnvFlags, atomic_open, atomic_write, getenv, inverse_permutation
 
 
 def test_atomic_write_replaces_whole_file(tmp_path):
@@ -64,6 +64,21 @@ def test_getenv_sees_every_change_to_the_environment(monkeypatch):
   assert getenv("TINYCHAD_TEST_FLAG", "") == "caf\u00e9" == os.getenv("TINYCHAD_TEST_FLAG")
   monkeypatch.delenv("TINYCHAD_TEST_FLAG")
   assert getenv("TINYCHAD_TEST_FLAG", 5) == 5
+
+
+def test_env_flags_say_whether_any_flag_is_nonzero_as_it_changes(monkeypatch):
+  for key in ("TINYCHAD_TEST_A", "TINYCHAD_TEST_B"): monkeypatch.delenv(key, raising=False)
+  flags = EnvFlags("TINYCHAD_TEST_A", "TINYCHAD_TEST_B")
+  assert not flags.any()
+  monkeypatch.setenv("TINYCHAD_TEST_B", "0")       # set but zero: as getenv(key, 0) reads it
+  assert not flags.any()
+  os.environ["TINYCHAD_TEST_B"] = "2"
+  assert flags.any()
+  monkeypatch.setenv("TINYCHAD_TEST_A", "1")
+  monkeypatch.delenv("TINYCHAD_TEST_B")
+  assert flags.any()
+  monkeypatch.delenv("TINYCHAD_TEST_A")
+  assert not flags.any()
 
 
 def _threshold_after_import(before: str = "", env: dict | None = None) -> int:

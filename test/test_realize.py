@@ -65,3 +65,19 @@ def test_a_remembered_schedule_of_several_kernels_runs_them_in_one_native_call(m
   fallback, _ = step()
   np.testing.assert_array_equal(fallback, first)
   assert threads_asked == [None, 1]
+
+
+def test_a_prepared_launch_counts_what_the_first_run_counted_and_times_only_at_debug_2(monkeypatch):
+  monkeypatch.delenv("DEBUG", raising=False)
+  a, b = Tensor.rand(64, 64).realize(), Tensor.rand(64, 64).realize()
+  counts = []
+  for _ in range(3):     # the first run schedules, the next ones run the prepared launch
+    GlobalCounters.reset()
+    ((a @ b).relu() + 1).sum(axis=0).realize()
+    counts.append((GlobalCounters.kernel_count, GlobalCounters.global_ops, GlobalCounters.global_mem))
+    assert GlobalCounters.time_sum_s == 0.0
+  assert counts[0] == counts[1] == counts[2] and counts[0][0] >= 1 and counts[0][1] >= 2 * 64 ** 3, counts
+  monkeypatch.setenv("DEBUG", "2")
+  GlobalCounters.reset()
+  ((a @ b).relu() + 1).sum(axis=0).realize()
+  assert GlobalCounters.time_sum_s > 0.0 and (GlobalCounters.kernel_count, GlobalCounters.global_ops) == counts[0][:2]

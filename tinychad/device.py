@@ -55,13 +55,14 @@ class _MemoryPool:
       memory, address = raw[start:start + nbytes], unaligned + start
     return memory, address, ctypes.c_void_p(address)
 
-  def give(self, memory: np.ndarray, address: int, pointer: ctypes.c_void_p) -> None:
-    nbytes = memory.nbytes
-    if nbytes >= self.BIG_BYTES or self.pooled_bytes + nbytes > self.LIMIT_BYTES: return
+  def give(self, nbytes: int, taken: tuple[np.ndarray, int, ctypes.c_void_p]) -> None:
+    """Memory back from a buffer: `taken` is what take(nbytes) gave it."""
+    pooled_bytes = self.pooled_bytes + nbytes
+    if nbytes >= self.BIG_BYTES or pooled_bytes > self.LIMIT_BYTES: return
     pooled = self.free.get(nbytes)
     if pooled is None: pooled = self.free[nbytes] = []
-    pooled.append((memory, address, pointer))
-    self.pooled_bytes += nbytes
+    pooled.append(taken)
+    self.pooled_bytes = pooled_bytes
 
   def clear(self) -> None:
     self.free.clear()
@@ -114,21 +115,24 @@ def empty_cache() -> None:
 class Buffer:
   """`size` elements of `dtype` in host memory for `device` (64-byte aligned, from the pool)."""
   # made and freed once per kernel an eager step runs: slots make both quicker
-  __slots__ = ("device", "size", "dtype", "nbytes", "address", "pointer", "_memory", "_data", "_allocator")
+  __slots__ = ("device", "size", "dtype", "nbytes", "address", "_as_parameter_", "_memory", "_data", "_allocator")
 
   def __init__(self, device: str, size: int, dtype: DType):
     self.device, self.size, self.dtype = device, size, dtype
     self.nbytes: int = size * dtype.itemsize
     self._memory: np.ndarray | None = None
     self._data: np.ndarray | None = None
+    self._allocator = None     # a device with memory of its own: where the memory goes back
 
   def __repr__(self) -> str: return f"<Buffer {self.device} {self.size} {self.dtype.name}>"
 
   def __del__(self):
-    if self._memory is None or GlobalCounters is None or memory_pool is None: return   # None: the interpreter is shutting down
-    GlobalCounters.mem_used -= self.nbytes
-    if self.device in DEVICE_MEMORY: self._allocator.free(self._memory)
-    else: memory_pool.give(self._memory, self.address, self.pointer)
+    memory = self._memory
+    if memory is None or GlobalCounters is None: return   # None: the interpreter is shutting down
+    nbytes = self.nbytes
+    GlobalCounters.mem_used -= nbytes
+    if self._allocator is not None: self._allocator.free(memory)
+    else: memory_pool.give(nbytes, (memory, self.address, self._as_parameter_))
 
   def allocate(self) -> Buffer:
     if self._memory is None:
@@ -136,9 +140,10 @@ class Buffer:
       if self.device in DEVICE_MEMORY:
         # the allocator is kept: the buffer goes back to it even if the registry has changed or is gone by then
         self._allocator = Device[self.device].allocator
-        self._memory, self.address, self.pointer = self._allocator.alloc(nbytes), 0, None
-      # address (and pointer, the same as a ctypes object): what kernels are called with
-      else: self._memory, self.address, self.pointer = memory_pool.take(nbytes)
+        self._memory, self.address, self._as_parameter_ = self._allocator.alloc(nbytes), 0, None
+      # address: what a list of kernels is called with; _as_parameter_, the same as a ctypes pointer, is how ctypes
+      # passes the Buffer itself to a kernel (its protocol for objects that stand for a C value)
+      else: self._memory, self.address, self._as_parameter_ = memory_pool.take(nbytes)
       used = GlobalCounters.mem_used = GlobalCounters.mem_used + nbytes
       if used > GlobalCounters.mem_peak: GlobalCounters.mem_peak = used
     return self

@@ -27,17 +27,22 @@ def getenv(key: str, default=0):
   return type(default)(value) if not isinstance(default, bool) else value not in ("0", "", "false", "False")
 
 
-_ENCODED_KEYS: dict[tuple[str, ...], tuple[bytes, ...]] = {}
+class EnvFlags:
+  """Integer flags read together on every realize (DEBUG, GRAPH, PORT): `any()` says whether one of them is nonzero,
+  as any(getenv(key, 0) ...) would. The keys are encoded once, and none of them set (the usual case) costs a
+  membership test each: a call of getenv per flag, or a set operation on the environment's keys, costs two to three
+  times as much, on every op an eager model runs."""
+  __slots__ = ("keys", "encoded")
 
+  def __init__(self, *keys: str):
+    self.keys, self.encoded = keys, tuple(key.encode() for key in keys)
 
-def any_flag(*keys: str) -> bool:
-  """Whether any of these integer flags is nonzero (getenv(key, 0) of each), in one call: realize asks for three
-  on every op. None of them set (the usual case) is one set operation on the environment's keys."""
-  if _ENVIRON_BYTES is None: return any(getenv(key, 0) for key in keys)
-  encoded = _ENCODED_KEYS.get(keys)
-  if encoded is None: encoded = _ENCODED_KEYS[keys] = tuple(key.encode() for key in keys)
-  if _ENVIRON_BYTES.keys().isdisjoint(encoded): return False
-  return any(int(_ENVIRON_BYTES.get(key, b"0")) for key in encoded)
+  def any(self) -> bool:
+    environ = _ENVIRON_BYTES
+    if environ is None: return any(getenv(key, 0) for key in self.keys)
+    for key in self.encoded:
+      if key in environ: return any(getenv(key, 0) for key in self.keys)
+    return False
 
 
 def DEBUG() -> int: return getenv("DEBUG", 0)
@@ -85,9 +90,10 @@ def inverse_permutation(order: tuple[int, ...]) -> tuple[int, ...]:
 
 
 class _Counters:
-  """What realizes have run since the last reset: kernels, floating point ops, bytes moved, seconds; and
-  the memory device.py's Buffers hold (reset() leaves those: they are state, not counts of work).
-  One instance, GlobalCounters: every kernel run adds to four counters, and setting an attribute of an
+  """What realizes have run since the last reset: kernels, floating point ops, bytes moved, and the seconds kernels
+  ran (counted at DEBUG>=2 only, where each kernel is timed); and the memory device.py's Buffers hold (reset() leaves
+  those: they are state, not counts of work).
+  One instance, GlobalCounters: every kernel run adds to three counters, and setting an attribute of an
   instance with slots costs a fifth of setting a class attribute (which invalidates the type's caches)."""
   __slots__ = ("kernel_count", "global_ops", "global_mem", "time_sum_s", "mem_used", "mem_peak")
 

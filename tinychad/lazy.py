@@ -47,7 +47,7 @@ class LazyBuffer:
     self.device, self.st, self.dtype = device, st, dtype
     # a buffer's view never changes: its shape and size are read all over the scheduler, so keep them
     self.shape: tuple[int, ...] = st.shape
-    self.size: int = prod(self.shape)
+    self.size: int = st.size
     self._base = base
     if base is None:
       self.op, self.arg, self.srcs = op, arg, srcs

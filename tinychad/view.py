@@ -194,14 +194,14 @@ class ShapeTracker:
     return _contiguous_tracker(tuple(shape))
 
   def __post_init__(self):
-    # every LazyBuffer made reads its tracker's shape, and every recorded op asks whether its inputs are contiguous:
-    # plain attributes, worked out once per tracker (trackers are shared: from_shape and the movements cache them)
-    object.__setattr__(self, "shape", self.views[-1].shape)
+    # every LazyBuffer made reads its tracker's shape and size, and every recorded op asks whether its inputs are
+    # contiguous: plain attributes, worked out once per tracker (trackers are shared: from_shape and the movements
+    # cache them)
+    shape = self.views[-1].shape
+    object.__setattr__(self, "shape", shape)
+    object.__setattr__(self, "size", prod(shape))
     object.__setattr__(self, "contiguous", len(self.views) == 1 and self.views[0].contiguous)
     object.__setattr__(self, "_hash", hash(self.views))
-
-  @property
-  def size(self) -> int: return prod(self.shape)
 
   @property
   def has_mask(self) -> bool: return any(v.mask is not None for v in self.views)

@@ -12,9 +12,10 @@ permute's copy, codegen/copy.py) on a CPU device skips all of that: runtime/copy
 compiled once for every shape (not with NOOPT=1, which compiles everything plainly). All the schedule's new kernels are built
 before the first of them runs: a device with `batch` puts several in one binary, one binary per core
 (its `parallel_builds`), compiled at once (separate compiler processes); the others compile one after
-another. Then each kernel runs (the device's `run`), timed alone: GlobalCounters.time_sum_s and DEBUG=2 count run time
-only, and DEBUG=2 shows a kernel's compile time beside it when it was compiled in this realize. A graph scheduled
-before runs its prepared Launch instead, on the CPU all its kernels in one native call, timed together.
+another. Then each kernel runs (the device's `run`). At DEBUG>=2 each is timed alone: DEBUG=2 prints its run time,
+and its compile time beside it when it was compiled in this realize, and GlobalCounters.time_sum_s sums run times (at
+DEBUG>=2 only, as tinygrad's does: two clock reads per kernel would be a thirtieth of an eager op). A graph scheduled
+before runs its prepared Launch instead, on the CPU all its kernels in one native call.
 GRAPH=1 and PORT=1 write the graphs and the standalone C program of each realize (viz.py, export/program.py)
 before it runs. TinyJit records the kernels run inside `with capture() as steps:`, and the host steps
 (`run_on_host`: Python on host buffers between kernels, such as an MPI all-reduce) so that a replay
@@ -33,7 +34,7 @@ from tinychad.codegen.gpu import lower_gpu
 from tinychad.device import DEVICE_MEMORY, Buffer, Device
 from tinychad.engine.schedule import ScheduleItem, schedule_graph
 from tinychad.engine.schedule_cache import Template, graph_key, lookup
-from tinychad.helpers import DEBUG, GlobalCounters, any_flag, getenv
+from tinychad.helpers import DEBUG, EnvFlags, GlobalCounters, getenv
 from tinychad.lazy import LazyBuffer
 from tinychad.ops import LoadOps
 from tinychad.runtime.cache import cache_key, code_version, read_record, tree_text, write_record
@@ -47,6 +48,8 @@ _captures: list[list] = []
 # a remembered schedule of this many kernels or more runs them in one native call (Launch.kernels); a single kernel
 # (an eager op) is quicker called directly than through the list's arrays
 LIST_MIN_KERNELS = 2
+# what makes a realize take the long way, through ScheduleItems: printing (DEBUG), graphs (GRAPH), ports (PORT)
+_LONG_WAY = EnvFlags("DEBUG", "GRAPH", "PORT")
 
 
 @contextlib.contextmanager
@@ -105,7 +108,7 @@ def realize(outs: list[LazyBuffer]) -> None:
   template = lookup(key)
   # the prepared launch runs kernels only: what needs ScheduleItems (a capture, DEBUG's lines, GRAPH, PORT) takes
   # the long way
-  plain = not _captures and not any_flag("DEBUG", "GRAPH", "PORT")
+  plain = not _captures and not _LONG_WAY.any()
   if plain and template is not None and template.launch is not None and template.launch.current():
     run_launch(template.launch, nodes)
     return
@@ -149,8 +152,10 @@ def run_schedule(items: list[ScheduleItem]) -> None:
       elapsed = time.perf_counter() - t0
       for steps in _captures: steps.append((item, bufs))
       kernels += 1
-      _count(info, elapsed)
-      if debug >= 2: _print_kernel(item, elapsed, compile_s.get((ast, info[0])))
+      _count(info)
+      if debug >= 2:
+        GlobalCounters.time_sum_s += elapsed
+        _print_kernel(item, elapsed, compile_s.get((ast, info[0])))
     out.realized, out.srcs = buf, ()
   if debug >= 1 and items:
     elapsed = time.perf_counter() - start
@@ -163,7 +168,8 @@ class Launch:
   or thread decisions: per item, where its output goes (a position in the graph's nodes, or -1-i for the i'th
   buffer the scheduler made), the output buffer's (device, size, dtype), the inputs' places, a call that runs the
   loaded kernel on the buffers (None: the item only allocates, as EMPTY or an empty output does), the item's
-  counter info and how many constant arguments its kernel takes after the buffers (a generic copy's one).
+  and how many constant arguments its kernel takes after the buffers (a generic copy's one); `totals` is the
+  counters of all its kernels summed (kernels, ops, bytes), added once per run.
   Why a hit is right: it hangs on the template, so it is found by the graph's key, which fixes every op, argument,
   view, dtype, device and shape, which buffers are shared, and NOOPT; so the items, their kernel trees and the
   kernels the devices loaded for them (never replaced once loaded) are the ones run_schedule would use, and only
@@ -174,11 +180,10 @@ class Launch:
   building its kernels again.
   On a device that runs kernels natively (the CPU's thread pool), a launch of several kernels runs them all in one
   native call (`kernels`, a KernelList: each run writes its buffers' addresses into the argument slots), as a
-  TinyJit replay does: a decoding step's ~80 kernels cost one call instead of ~80 Python calls. `totals` is then
-  their counters summed (kernels, ops, bytes): they are timed together."""
+  TinyJit replay does: a decoding step's ~80 kernels cost one call instead of ~80 Python calls."""
   __slots__ = ("steps", "made", "device", "programs", "kernels", "totals")
 
-  def __init__(self, steps: list[tuple], made: int, device, kernels: KernelList | None = None, totals: tuple = ()):
+  def __init__(self, steps: list[tuple], made: int, device, totals: tuple[int, int, int], kernels: KernelList | None = None):
     self.steps, self.made, self.device, self.kernels, self.totals = steps, made, device, kernels, totals
     self.programs = device.programs if device is not None else None
 
@@ -199,14 +204,14 @@ class Launch:
         call = device.launcher(program, info[3]) if isinstance(device, Compiled) else _runner(device, program, info[3])
         constants = getattr(program, "constants", ())
         listed.append((program, 1 + len(ins), info))
-      steps.append((out, (output.device, output.size, output.dtype), ins, call, info, len(constants)))
+      steps.append((out, (output.device, output.size, output.dtype), ins, call, len(constants)))
+    totals = (len(listed), sum(info[2] * info[3] for _, _, info in listed), sum(info[4] for _, _, info in listed))
     native = isinstance(device, Compiled) and type(device).run is Compiled.run
     if len(listed) < LIST_MIN_KERNELS or not native or not all(KernelList.available(n + len(p.constants)) for p, n, _ in listed):
-      return Launch(steps, len(template.made), device)
+      return Launch(steps, len(template.made), device, totals)
     kernels = KernelList([(program.address, [0] * n + list(program.constants), program.parallel, info[3])
                           for program, n, info in listed])
-    totals = (len(listed), sum(info[2] * info[3] for _, _, info in listed), sum(info[4] for _, _, info in listed))
-    return Launch(steps, len(template.made), device, kernels, totals)
+    return Launch(steps, len(template.made), device, totals, kernels)
 
 
 def _runner(device, program, points: int) -> Callable[[list[Buffer]], None]:
@@ -216,21 +221,22 @@ def _runner(device, program, points: int) -> Callable[[list[Buffer]], None]:
 def run_launch(launch: Launch, nodes: list[LazyBuffer]) -> None:
   """A prepared launch over this graph's nodes: run_schedule's work (buffers, kernels, counters) without the items."""
   made: list[Buffer | None] = [None] * launch.made
-  if launch.kernels is not None:
-    _run_listed(launch, nodes, made)
-    return
-  for out, (device, size, dtype), ins, call, info, _ in launch.steps:
-    buf = Buffer(device, size, dtype).allocate()
-    if call is not None:
-      bufs = [buf]
-      for i in ins: bufs.append(nodes[i].realized if i >= 0 else made[-1 - i])
-      t0 = time.perf_counter()
-      call(bufs)
-      _count(info, time.perf_counter() - t0)
-    if out >= 0:
-      lb = nodes[out]
-      lb.realized, lb.srcs = buf, ()
-    else: made[-1 - out] = buf
+  if launch.kernels is not None: _run_listed(launch, nodes, made)
+  else:
+    for out, (device, size, dtype), ins, call, _ in launch.steps:
+      buf = Buffer(device, size, dtype).allocate()
+      if call is not None:
+        bufs = [buf]
+        for i in ins: bufs.append(nodes[i].realized if i >= 0 else made[-1 - i])
+        call(bufs)
+      if out >= 0:
+        lb = nodes[out]
+        lb.realized, lb.srcs = buf, ()
+      else: made[-1 - out] = buf
+  kernels, ops, moved = launch.totals
+  GlobalCounters.kernel_count += kernels
+  GlobalCounters.global_ops += ops
+  GlobalCounters.global_mem += moved
 
 
 def _run_listed(launch: Launch, nodes: list[LazyBuffer], made: list[Buffer | None]) -> None:
@@ -238,7 +244,7 @@ def _run_listed(launch: Launch, nodes: list[LazyBuffer], made: list[Buffer | Non
   kernels' argument slots (a kernel's constants, after its buffers, stay as written), then the call (on this thread
   alone where the thread pool can't start)."""
   args, slot = launch.kernels.args, 0
-  for out, (device, size, dtype), ins, call, info, constants in launch.steps:
+  for out, (device, size, dtype), ins, call, constants in launch.steps:
     buf = Buffer(device, size, dtype).allocate()
     if call is not None:
       args[slot] = buf.address
@@ -250,13 +256,7 @@ def _run_listed(launch: Launch, nodes: list[LazyBuffer], made: list[Buffer | Non
       lb = nodes[out]
       lb.realized, lb.srcs = buf, ()
     else: made[-1 - out] = buf
-  start = time.perf_counter()
   if not launch.kernels.run(): launch.kernels.run(threads=1)
-  kernels, ops, moved = launch.totals
-  GlobalCounters.kernel_count += kernels
-  GlobalCounters.global_ops += ops
-  GlobalCounters.global_mem += moved
-  GlobalCounters.time_sum_s += time.perf_counter() - start
 
 
 def loaded_program(item: ScheduleItem):
@@ -279,13 +279,12 @@ def _print_kernel(item: ScheduleItem, run_s: float, compile_s: float | None) -> 
   print(f"  kernel {GlobalCounters.kernel_count:4d} {item.name:30s} {item.output.device:6s} {run_s*1e6:9.1f} us{built}")
 
 
-def _count(info: tuple, elapsed: float) -> None:
-  """GlobalCounters for one kernel run, from its ScheduleItem.info."""
+def _count(info: tuple) -> None:
+  """GlobalCounters for one kernel run, from its ScheduleItem.info (its run time is counted at DEBUG>=2 only)."""
   _, _, op_count, points, moved = info
   GlobalCounters.kernel_count += 1
   GlobalCounters.global_ops += op_count * points
   GlobalCounters.global_mem += moved
-  GlobalCounters.time_sum_s += elapsed
 
 
 # ---- building: lower -> render -> compile -> load ----

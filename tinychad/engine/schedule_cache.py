@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Any, Callable
 import numpy as np
-from tinychad.helpers import getenv, toposort
+from tinychad.helpers import EnvFlags, toposort
 from tinychad.lazy import LazyBuffer
 from tinychad.ops import KernelNode, LoadOps
 
@@ -31,6 +31,8 @@ MAX_SCHEDULES = 1024     # graph shapes remembered, the least recently used forg
 # than GraphKey's Python-level __hash__ and __eq__. Measured: a 3-node key looks up in 0.45 us as a tuple; a
 # 30-node one (gelu) in 4.5 us as a tuple, 1.9 us as a GraphKey
 SMALL_GRAPH = 8
+# NOOPT changes what the scheduler packs, so it is part of every key
+_NOOPT = EnvFlags("NOOPT")
 
 
 def _arg_key(arg: Any) -> Any:
@@ -72,7 +74,7 @@ def _key_sources(lb: LazyBuffer) -> tuple[LazyBuffer, ...]:
   return lb.srcs if lb.realized is None else ()
 
 
-def _one_op_graph(out: LazyBuffer) -> tuple[list[tuple], list[LazyBuffer]] | None:
+def _one_op_graph(out: LazyBuffer) -> tuple[tuple | list[tuple], list[LazyBuffer]] | None:
   """graph_key's entries and nodes for the eager case, one op whose sources are leaves or views of leaves (a
   computed buffer, a constant), in one pass instead of the generic walk: the same entries and nodes in the same
   order (test_schedule_cache checks it); None for any other graph."""
@@ -83,10 +85,9 @@ def _one_op_graph(out: LazyBuffer) -> tuple[list[tuple], list[LazyBuffer]] | Non
   # few lines: the walk below costs a third of an eager op's realize
   first, last = (srcs[0], srcs[-1]) if srcs else (out, out)
   if first._base is None and last._base is None and first.realized is not None and last.realized is not None:
-    if len(srcs) == 1: return [(first.device, first.dtype, first.shape), tail + ((0,),)], [first, out]
+    if len(srcs) == 1: return ((first.device, first.dtype, first.shape), tail + ((0,),)), [first, out]
     if len(srcs) == 2 and first is not last:
-      entries = [(first.device, first.dtype, first.shape), (last.device, last.dtype, last.shape), tail + ((0, 1),)]
-      return entries, [first, last, out]
+      return ((first.device, first.dtype, first.shape), (last.device, last.dtype, last.shape), tail + ((0, 1),)), [first, last, out]
   nodes, entries, position = [], [], {}
   for src in srcs:
     if src in position: continue
@@ -112,7 +113,7 @@ def graph_key(outs: list[LazyBuffer]) -> tuple[GraphKey | tuple, list[LazyBuffer
   one_op = _one_op_graph(outs[0]) if len(outs) == 1 else None
   if one_op is not None:
     entries, nodes = one_op
-    return (tuple(entries), (len(nodes) - 1,), getenv("NOOPT", 0)), nodes
+    return (tuple(entries), (len(nodes) - 1,), _NOOPT.any()), nodes
   nodes = toposort(outs, _key_sources)
   position = dict(zip(nodes, range(len(nodes))))
   at = position.__getitem__
@@ -124,8 +125,7 @@ def graph_key(outs: list[LazyBuffer]) -> tuple[GraphKey | tuple, list[LazyBuffer
     else:
       arg = lb.arg
       entries.append((lb.op, arg if arg is None else _arg_key(arg), lb.dtype, lb.device, lb.shape, tuple(map(at, lb.srcs))))
-  # NOOPT changes what the scheduler packs
-  key = (tuple(entries), tuple([position[out] for out in outs]), getenv("NOOPT", 0))
+  key = (tuple(entries), tuple([position[out] for out in outs]), _NOOPT.any())
   return (GraphKey(key) if len(entries) > SMALL_GRAPH else key), nodes
 
 

@@ -20,14 +20,10 @@ engine/realize.py drives the steps (lower, render, compile, load, run) and fills
 """
 from __future__ import annotations
 import ctypes
-import operator
 import os
 from typing import Any, Callable, NamedTuple
 from tinychad.runtime.cache import cache_key, cached_bytes, memoize, stored_bytes
 from tinychad.runtime.threads import MIN_PARALLEL_WORK, run_parallel
-
-_pointer = operator.attrgetter("pointer")
-
 
 class Kernel(NamedTuple):
   fn: Any              # ctypes function: (void* buffers..., void* constants..., int64 start, int64 end)
@@ -91,11 +87,11 @@ class Compiled:
     buffers must be allocated (a realized buffer, or one just allocated)."""
     if points >= MIN_PARALLEL_WORK or type(self).run is not Compiled.run:
       return lambda bufs: self.run(kernel, bufs, points)
-    # the kernel's signature without argument types, called with ctypes objects (the buffers' pointers, the loop's
-    # bounds made once), which ctypes passes as they are: converting each int through the argument types costs
-    # about as much as the call itself
+    # the kernel's signature without argument types, called with the buffers (ctypes passes each as its pointer,
+    # Buffer._as_parameter_) and ctypes objects for the loop's bounds, made once: converting each int through the
+    # argument types costs about as much as the call itself
     fn, start, end = ctypes.CFUNCTYPE(None)(kernel.address), ctypes.c_int64(0), ctypes.c_int64(max(kernel.parallel, 1))
     if kernel.constants:
       constants = [ctypes.c_void_p(c) for c in kernel.constants]
-      return lambda bufs: fn(*map(_pointer, bufs), *constants, start, end)
-    return lambda bufs: fn(*map(_pointer, bufs), start, end)
+      return lambda bufs: fn(*bufs, *constants, start, end)
+    return lambda bufs: fn(*bufs, start, end)
