@@ -13,7 +13,7 @@ change). A worker process per variant (tinychad eager, tinychad TinyJit, torch, 
 eager worker starts with an empty kernel cache, so its first call is the compile time; the TinyJit worker
 runs after it, over that cache. Each workload: the first call (timed), then in the eager worker a check
 (the torch twin's weights loaded by name from its state dict, one output compared), two warm-up calls
-(TinyJit records on its second or third call), then the median of 3 timed calls (1 for generation).
+(TinyJit records on its second or third call), then the median of 3 timed calls.
 --parallel runs the four workers at once (for a busy machine); --quick: small models and
 2 timed calls (its smoke test: test/test_bench_models.py). tinygrad runs the tiny-ops row only: the
 models use nn layers tinygrad 0.14 lacks (Module, LSTM, TransformerEncoderLayer), each row says which.
@@ -38,6 +38,9 @@ from bench.common import REPO_ROOT, describe, limit_threads, unavailable_reason,
 
 THREADS = 2
 VARIANTS = ("tinychad eager", "tinychad TinyJit", "torch eager", "tinygrad")
+# each workload's time is the median of this many calls (generation too: one call of 256 tokens moved by 1.4x
+# between runs on a shared VM)
+TIMED_CALLS = 3
 WORKER_TIMEOUT_S = 3000
 # torch's TransformerEncoder warns that norm_first layers take its plain path: the path a tinychad user ports
 warnings.filterwarnings("ignore", message="enable_nested_tensor is True")
@@ -186,7 +189,6 @@ class Workload:
   unit: str                 # "ms" (lower is better) or "tok/s"
   amount: float             # tokens per call for tok/s
   build: Callable[[SimpleNamespace, bool], Run]
-  repeats: int = 3
   tinygrad_reason: str = "not ported: tinygrad.nn has no Module, Sequential, ModuleList, MaxPool2d nor GELU layer"
 
 
@@ -328,7 +330,7 @@ def workloads(quick: bool) -> list[Workload]:
              "ms", 0, vit_train, tinygrad_reason="tinygrad.nn has no TransformerEncoderLayer"),
     Workload(f"{OPS} tiny realized ops (a+b, 4 floats; bench/small_ops.py)", "ms", 0, tiny_ops, tinygrad_reason=""),
     Workload(f"GPT generation, prompt {prompt_len}, {new_tokens} new tokens, KV cache by concatenation, batch 1",
-             "tok/s", new_tokens, gpt_generate, repeats=1),
+             "tok/s", new_tokens, gpt_generate),
   ]
 
 
@@ -379,7 +381,7 @@ def run_variant(variant: str, quick: bool, names: list[str] | None = None, cpu_t
       run.call(*run.inputs)
       run.call(*run.inputs)
       times = []
-      for _ in range(2 if quick else workload.repeats):
+      for _ in range(2 if quick else TIMED_CALLS):
         start = clock()
         run.call(*run.inputs)
         times.append(clock() - start)
@@ -495,7 +497,7 @@ def main(argv: list[str] | None = None) -> None:
   print(format_table(args.quick, results, names))
   clock = "CPU time of the worker process (1 thread each)" if args.cpu_time else f"wall time, {THREADS} threads for every library"
   print(f"\nms: lower is better; tok/s: higher is better. Ratios are times (> 1x: tinychad is slower). {clock};"
-        f" medians of {'2' if args.quick else '3 (generation: 1)'} calls after two warm-ups, all in this run"
+        f" medians of {2 if args.quick else TIMED_CALLS} calls after two warm-ups, all in this run"
         f" ({time.perf_counter() - start:.0f} s{', --quick: small models' if args.quick else ''}"
         f"{'; --parallel: the four workers ran at once' if args.parallel else ''}).")
 

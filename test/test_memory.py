@@ -3,7 +3,7 @@ from __future__ import annotations
 import gc
 import resource
 import numpy as np
-from tinychad import Tensor
+from tinychad import Tensor, no_grad
 from tinychad.device import memory_pool
 from tinychad.nn import Linear
 from tinychad.nn.optim import SGD
@@ -79,3 +79,34 @@ def test_pool_is_reported_apart_and_emptied():
   assert tinychad.memory_pooled() == 0
   tinychad.reset_peak_memory_stats()
   assert tinychad.max_memory_allocated() == tinychad.memory_allocated()
+
+
+def test_a_buffer_that_grows_a_little_each_step_takes_the_block_the_last_step_gave_back():
+  # a KV cache concatenated once per token: each token's cache is a few hundred bytes bigger than the last
+  import tinychad
+  tinychad.empty_cache()
+  cache = Tensor.zeros(1, 4, 100, 64).contiguous().realize()
+  addresses = set()
+  with no_grad():      # as in decoding: no graph keeps the old caches
+    for _ in range(12):
+      cache = cache.cat(Tensor.ones(1, 4, 1, 64), dim=2).realize()
+      addresses.add(cache.lazydata.base.realized.address)
+  # 101 -> 112 rows of 1 KiB in 4 KiB steps (16 per power of two): 3 size classes, each with two blocks that the
+  # old and the new cache pass back and forth (with exact sizes every step took fresh memory, and the pool kept
+  # every old cache)
+  classes = {memory_pool.size_class(rows * 1024) for rows in range(101, 113)}
+  assert len(classes) == 3 and len(addresses) <= 2 * len(classes), (classes, len(addresses))
+  assert tinychad.memory_pooled() <= 2 * sum(classes) + (64 << 10)     # exact sizes: 12 old caches
+  np.testing.assert_equal(cache.numpy()[0, :, 100:], 1)
+  np.testing.assert_equal(cache.numpy()[0, :, :100], 0)
+  assert cache.numpy().shape == (1, 4, 112, 64)
+
+
+def test_a_buffer_in_a_bigger_block_shows_its_own_size():
+  from tinychad.device import Buffer
+  from tinychad.dtype import dtypes
+  assert memory_pool.size_class(4100) > 4100
+  buf = Buffer("CPU", 1025, dtypes.float32).allocate()
+  assert buf.as_numpy().shape == (1025,)
+  buf.copyin(np.arange(1025, dtype=np.float32))
+  np.testing.assert_equal(buf.as_numpy(), np.arange(1025))
