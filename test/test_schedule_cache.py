@@ -63,6 +63,20 @@ def test_constants_that_compare_equal_keep_their_own_kernels(schedulings):
   assert schedulings[0] == 3
 
 
+def _build_one(srcs): return srcs[0]
+def _build_two(srcs): return srcs[0]
+
+
+def test_subgraph_arguments_key_by_function_and_by_each_parameters_type():
+  key = schedule_cache._arg_key
+  # a subgraph's argument: (its build function, its parameters); 1 == 1.0 == True, yet each builds its own graph
+  variants = [(_build_one, (1, 2.0)), (_build_one, (1.0, 2.0)), (_build_one, (True, 2.0)), (_build_two, (1, 2.0)),
+              (_build_one, ((2,), 1e-5, (True, False))), (_build_one, ((2,), 1e-5, (1, 0)))]
+  keys = [key(arg) for arg in variants]
+  assert len(set(keys)) == len(variants), keys
+  assert [key(arg) for arg in variants] == keys and hash(keys[0]) == hash(key((_build_one, (1, 2.0))))
+
+
 def test_noopt_is_part_of_the_key(schedulings, monkeypatch):
   # b's rows a page apart and a panel too big to stage: packed ahead unless NOOPT
   k, n = STAGE_MAX_BYTES // (4 * panel_width(dtypes.float32)) + 16, PACK_MIN_STRIDE_BYTES // 4
