@@ -110,3 +110,21 @@ def test_a_buffer_in_a_bigger_block_shows_its_own_size():
   assert buf.as_numpy().shape == (1025,)
   buf.copyin(np.arange(1025, dtype=np.float32))
   np.testing.assert_equal(buf.as_numpy(), np.arange(1025))
+
+
+def test_a_full_pool_gives_back_the_sizes_given_back_least_recently(monkeypatch):
+  # a process that ran one model, then another: the pool must keep the sizes in use now, not the old ones
+  memory_pool.clear()
+  monkeypatch.setattr(memory_pool, "LIMIT_BYTES", 1 << 20)
+  old = [(Tensor.ones(1 << 16) + i).realize() for i in range(3)]     # 3 x 256 KiB
+  small = (Tensor.ones(4) + 1).realize()
+  del old, small
+  assert memory_pool.pooled_bytes == 3 * (1 << 18) + 16
+  newer = [(Tensor.ones(3 << 15) + i).realize() for i in range(2)]    # 2 x 384 KiB: past the limit together
+  del newer
+  # the 256 KiB blocks, given back first, went; the tiny one given back after them stayed
+  assert memory_pool.pooled_bytes == 2 * (3 << 17) + 16
+  assert sorted(memory_pool.free) == [16, 3 << 17] and len(memory_pool.free[3 << 17]) == 2
+  # a full pool still takes back the size an eager loop uses (refusing it made every op's buffer fresh memory)
+  for _ in range(3): (Tensor.ones(4) + 2).realize()
+  assert len(memory_pool.free[16]) == 1 and memory_pool.pooled_bytes <= 1 << 20

@@ -26,9 +26,12 @@ class _MemoryPool:
   (page faults), and a training step asks for the same sizes every time. A buffer of up to SMALL_BYTES is its own
   class; a bigger one gets a block of its size rounded up to one of 16 steps per power of two (at most 1/16 more),
   so that a buffer that grows a little at each step (a KV cache concatenated once per token) takes the block the
-  step before gave back: with exact sizes each token's caches were fresh memory, and their page faults made the
-  copy into them ~7x slower (a 119 KB cache: 70 us instead of ~10), while the old ones piled up in the pool. Bounded so it can't hoard: past
-  LIMIT_BYTES pooled, freed memory goes back to the allocator; empty() gives back the rest. A buffer of BIG_BYTES
+  step before gave back: with exact sizes each token's caches were fresh memory, whose page faults made the copy
+  into them ~7x slower (a 119 KB cache: 70 us instead of ~10), and the old ones piled up in the pool.
+  Bounded so it can't hoard: past LIMIT_BYTES pooled, the sizes given back least recently go back to the allocator,
+  whole, until the pool fits (refusing the new ones instead left a process that had run a few models with a pool
+  full of their old activations, and every later buffer fresh memory: a tiny op 5.4 -> 7.4 us); empty() gives back
+  the rest. A buffer of BIG_BYTES
   or more is mapped from the OS on its own (an anonymous mmap, page aligned) and never pooled, so its pages go
   back the moment it dies: through malloc they could stay in the process (seen in a long test process, where a
   freed 256 MiB block kept the resident size up)."""
@@ -39,8 +42,9 @@ class _MemoryPool:
   SMALL_BYTES = 4096
 
   def __init__(self):
+    # by size class, the one given back most recently last
     self.free: dict[int, list[tuple[np.ndarray, int, ctypes.c_void_p]]] = {}
-    self.pooled_bytes = 0
+    self.pooled_bytes = self.last_given = 0
 
   def size_class(self, nbytes: int) -> int:
     """The bytes of the block a buffer of `nbytes` gets (the class it is pooled by)."""
@@ -71,16 +75,23 @@ class _MemoryPool:
   def give(self, nbytes: int, taken: tuple[np.ndarray, int, ctypes.c_void_p]) -> None:
     """Memory back from a buffer: `taken` is what take(nbytes) gave it."""
     size = nbytes if nbytes <= self.SMALL_BYTES else self.size_class(nbytes)
-    pooled_bytes = self.pooled_bytes + size
-    if size >= self.BIG_BYTES or pooled_bytes > self.LIMIT_BYTES: return
-    pooled = self.free.get(size)
-    if pooled is None: pooled = self.free[size] = []
+    if size >= self.BIG_BYTES: return
+    if size == self.last_given: pooled = self.free[size]     # an eager loop gives back one size: no move
+    else:
+      # taken out and put back: a dict keeps its keys in insertion order, so this makes the size the latest
+      pooled = self.free.pop(size, None) or []
+      self.free[size] = pooled
+      self.last_given = size
     pooled.append(taken)
-    self.pooled_bytes = pooled_bytes
+    self.pooled_bytes += size
+    if self.pooled_bytes > self.LIMIT_BYTES:
+      for oldest in list(self.free)[:-1]:      # the last is this size (BIG_BYTES < LIMIT_BYTES: it fits alone)
+        self.pooled_bytes -= oldest * len(self.free.pop(oldest))
+        if self.pooled_bytes <= self.LIMIT_BYTES: break
 
   def clear(self) -> None:
     self.free.clear()
-    self.pooled_bytes = 0
+    self.pooled_bytes = self.last_given = 0
 
   def empty(self) -> None:
     """Drop every pooled buffer and ask the C allocator to return its free memory to the OS (glibc's malloc_trim;

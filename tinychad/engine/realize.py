@@ -167,8 +167,8 @@ class Launch:
   """A remembered schedule (schedule_cache.Template) prepared to run again without ScheduleItems, kernel lookups
   or thread decisions: per item, where its output goes (a position in the graph's nodes, or -1-i for the i'th
   buffer the scheduler made), the output buffer's (device, size, dtype), the inputs' places, a call that runs the
-  loaded kernel on the buffers (None: the item only allocates, as EMPTY or an empty output does), the item's
-  and how many constant arguments its kernel takes after the buffers (a generic copy's one); `totals` is the
+  loaded kernel on the buffers (None: the item only allocates, as EMPTY or an empty output does), and how many
+  constant arguments its kernel takes after the buffers (a generic copy's one); `totals` is the
   counters of all its kernels summed (kernels, ops, bytes), added once per run.
   Why a hit is right: it hangs on the template, so it is found by the graph's key, which fixes every op, argument,
   view, dtype, device and shape, which buffers are shared, and NOOPT; so the items, their kernel trees and the
@@ -183,7 +183,8 @@ class Launch:
   TinyJit replay does: a decoding step's ~80 kernels cost one call instead of ~80 Python calls."""
   __slots__ = ("steps", "made", "device", "programs", "kernels", "totals")
 
-  def __init__(self, steps: list[tuple], made: int, device, totals: tuple[int, int, int], kernels: KernelList | None = None):
+  def __init__(self, steps: list[tuple], made: int, device, totals: tuple[int, int, int],
+               kernels: KernelList | None = None):
     self.steps, self.made, self.device, self.kernels, self.totals = steps, made, device, kernels, totals
     self.programs = device.programs if device is not None else None
 

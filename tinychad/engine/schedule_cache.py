@@ -93,7 +93,8 @@ def _one_op_graph(out: LazyBuffer) -> tuple[tuple | list[tuple], list[LazyBuffer
   if first._base is None and last._base is None and first.realized is not None and last.realized is not None:
     if len(srcs) == 1: return ((first.device, first.dtype, first.shape), tail + ((0,),)), [first, out]
     if len(srcs) == 2 and first is not last:
-      return ((first.device, first.dtype, first.shape), (last.device, last.dtype, last.shape), tail + ((0, 1),)), [first, last, out]
+      entries = ((first.device, first.dtype, first.shape), (last.device, last.dtype, last.shape), tail + ((0, 1),))
+      return entries, [first, last, out]
   nodes, entries, position = [], [], {}
   for src in srcs:
     if src in position: continue
