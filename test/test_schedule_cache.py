@@ -143,27 +143,30 @@ def test_the_one_op_key_is_the_walks_key():
   assert one_op >= 8    # the pass answered for most of these (a chain of two ops or a view on top it leaves to the walk)
 
 
-def _launched(monkeypatch) -> list:
-  """Counts run_schedule's items (the long way); a prepared launch runs none."""
+def _launched(monkeypatch) -> tuple[list, list]:
+  """Counts run_schedule's items (the long way: a capture, DEBUG, GRAPH, PORT, a copy between devices) and each
+  prepared launch's steps (a plain realize, its first call included)."""
   from tinychad.engine import realize as realize_mod
-  counted = []
-  real = realize_mod.run_schedule
-  monkeypatch.setattr(realize_mod, "run_schedule", lambda items: (counted.append(len(items)), real(items)))
-  return counted
+  long_way, launches = [], []
+  real_schedule, real_launch = realize_mod.run_schedule, realize_mod.run_launch
+  monkeypatch.setattr(realize_mod, "run_schedule", lambda items: (long_way.append(len(items)), real_schedule(items)))
+  monkeypatch.setattr(realize_mod, "run_launch",
+                      lambda launch, nodes: (launches.append(len(launch.steps)), real_launch(launch, nodes)))
+  return long_way, launches
 
 
 def test_a_prepared_launch_runs_with_its_own_buffers(schedulings, monkeypatch):
-  long_way = _launched(monkeypatch)
+  long_way, launches = _launched(monkeypatch)
   for _ in range(4):
     a, b = _data(3, 5), _data(3, 5)
     np.testing.assert_allclose((Tensor(a) + Tensor(b)).numpy(), a + b, rtol=1e-6)
-  # scheduled and run the long way once, then launched: same results over each call's own buffers
-  assert schedulings[0] == 1 and long_way == [1]
+  # scheduled once, launched every time (the first time too): same results over each call's own buffers
+  assert schedulings[0] == 1 and long_way == [] and launches == [1] * 4
 
 
 def test_no_stale_launch_for_what_the_key_sees(schedulings, monkeypatch):
   # same op and shape, but a dtype, a view, a constant or a shared buffer that differs: a kernel of its own each time
-  long_way = _launched(monkeypatch)
+  long_way, launches = _launched(monkeypatch)
   a, b = _data(4, 4), _data(4, 4)
   x, y = Tensor(a).realize(), Tensor(b).realize()
   xi, yi = x.cast(dtypes.int32).realize(), y.cast(dtypes.int32).realize()
@@ -171,15 +174,15 @@ def test_no_stale_launch_for_what_the_key_sees(schedulings, monkeypatch):
            (lambda: x + y.T, a + b.T), (lambda: x + x, a + a), (lambda: x * 2.0, a * 2), (lambda: x * 3.0, a * 3),
            (lambda: x * -0.0, a * -0.0), (lambda: x * 0.0, a * 0.0), (lambda: x + y.flip(1), a + b[:, ::-1])]
   schedulings[0] = 0
-  del long_way[:]
+  del launches[:]
   for _ in range(2):
     for make, want in cases:
       got = make().numpy()
       assert got.dtype == want.dtype
       np.testing.assert_array_equal(got, want)
       np.testing.assert_array_equal(np.signbit(got), np.signbit(want))
-  # each case scheduled once, run the long way once, launched the second time
-  assert schedulings[0] == len(cases) and len(long_way) == len(cases)
+  # each case scheduled once and launched each time
+  assert schedulings[0] == len(cases) and not long_way and len(launches) == 2 * len(cases)
 
 
 def test_a_source_computed_since_is_another_graph(schedulings):
@@ -194,38 +197,39 @@ def test_a_source_computed_since_is_another_graph(schedulings):
 
 def test_launch_of_several_kernels_and_made_buffers(schedulings, set_noopt, monkeypatch):
   set_noopt("0")    # packed panels: buffers the scheduler made, remade by each launch
-  long_way = _launched(monkeypatch)
+  long_way, launches = _launched(monkeypatch)
   k, n = STAGE_MAX_BYTES // (4 * panel_width(dtypes.float32)) + 16, PACK_MIN_STRIDE_BYTES // 4
   for _ in range(3):
     a, b, c = _data(32, k), _data(k, n), _data(n)
     out = (Tensor(a) @ Tensor(b) + Tensor(c)).relu()
     np.testing.assert_allclose(out.numpy(), np.maximum(a @ b + c, 0), rtol=1e-4, atol=1e-3)
-  assert schedulings[0] == 1 and long_way and long_way[0] >= 2 and len(long_way) == 1
+  assert schedulings[0] == 1 and not long_way and len(launches) == 3 and launches[0] >= 2, launches
 
 
 def test_empty_and_zero_size_outputs_launch(schedulings, monkeypatch):
-  long_way = _launched(monkeypatch)
+  long_way, launches = _launched(monkeypatch)
   for _ in range(3):
     x = Tensor(_data(4)).realize()
     assert (x[:0] + 1).numpy().shape == (0,)
     assert Tensor.empty(3, 2).realize().shape == (3, 2)
-  assert len(long_way) == 2
+  assert schedulings[0] == 2 and not long_way and len(launches) == 6
 
 
 def test_forgotten_kernels_are_built_again(schedulings, monkeypatch):
   from tinychad.device import Device
-  long_way = _launched(monkeypatch)
+  long_way, launches = _launched(monkeypatch)
   x = Tensor(_data(4)).realize()
   for _ in range(2): (x + 1).realize()
-  assert len(long_way) == 1
+  assert len(launches) == 2 and schedulings[0] == 1
   monkeypatch.setattr(Device[x.device], "programs", {})    # as set_noopt does: the device forgets its kernels
   np.testing.assert_allclose((x + 1).numpy(), x.numpy() + 1, rtol=1e-6)
-  assert len(long_way) == 2 and len(Device[x.device].programs) == 1
+  # the stale launch is not run: the kernel is built again into the new table, and a new launch runs it
+  assert len(launches) == 3 and not long_way and len(Device[x.device].programs) == 1 and schedulings[0] == 1
 
 
 def test_capture_and_debug_take_the_long_way(schedulings, monkeypatch, capsys):
   from tinychad.engine.realize import capture
-  long_way = _launched(monkeypatch)
+  long_way, launches = _launched(monkeypatch)
   x = Tensor(_data(4)).realize()
   for _ in range(2): (x * 5).realize()
   with capture() as steps: (x * 5).realize()
@@ -233,7 +237,7 @@ def test_capture_and_debug_take_the_long_way(schedulings, monkeypatch, capsys):
   monkeypatch.setenv("DEBUG", "1")
   (x * 5).realize()
   assert "realize: 1 items, 1 kernels" in capsys.readouterr().out
-  assert len(long_way) == 3
+  assert long_way == [1, 1] and len(launches) == 2
 
 
 # ---- shared scalar operands (lazy.py: LazyBuffer.operand) ----
@@ -279,9 +283,9 @@ def test_launch_on_each_device(device, monkeypatch):
   # a device with a run() of its own (OPENCL's queue, NUMPY's evaluator) keeps it in a prepared launch
   from tinychad.device import Device
   if not Device.available(device): pytest.skip(f"{device} is not available here")
-  long_way = _launched(monkeypatch)
+  long_way, launches = _launched(monkeypatch)
   for scale in (1.5, 1.5, 1.5):
     a, b = _data(5, 3), _data(5, 3)
     got = (Tensor(a, device=device) * scale + Tensor(b, device=device)).numpy()
     np.testing.assert_allclose(got, a * np.float32(scale) + b, rtol=1e-6)
-  assert len(long_way) == 1
+  assert not long_way and len(launches) == 3

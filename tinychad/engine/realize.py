@@ -12,10 +12,13 @@ permute's copy, codegen/copy.py) on a CPU device skips all of that: runtime/copy
 compiled once for every shape (not with NOOPT=1, which compiles everything plainly). All the schedule's new kernels are built
 before the first of them runs: a device with `batch` puts several in one binary, one binary per core
 (its `parallel_builds`), compiled at once (separate compiler processes); the others compile one after
-another. Then each kernel runs (the device's `run`). At DEBUG>=2 each is timed alone: DEBUG=2 prints its run time,
-and its compile time beside it when it was compiled in this realize, and GlobalCounters.time_sum_s sums run times (at
-DEBUG>=2 only, as tinygrad's does: two clock reads per kernel would be a thirtieth of an eager op). A graph scheduled
-before runs its prepared Launch instead, on the CPU all its kernels in one native call.
+another. Then a plain realize (no capture, DEBUG, GRAPH or PORT) prepares the schedule's Launch, kept with the
+graph's template, and runs it: on the CPU all its kernels in one native call; the same graph later runs that launch
+again without scheduling. The long way (run_schedule) runs each kernel by its device's `run`: a capture, DEBUG, GRAPH
+and PORT need its ScheduleItems, and a schedule that copies between devices has no launch. At DEBUG>=2 each kernel is
+timed alone: DEBUG=2 prints its run time, and its compile time beside it when it was compiled in this realize, and
+GlobalCounters.time_sum_s sums run times (at DEBUG>=2 only, as tinygrad's does: two clock reads per kernel would be a
+thirtieth of an eager op).
 GRAPH=1 and PORT=1 write the graphs and the standalone C program of each realize (viz.py, export/program.py)
 before it runs. TinyJit records the kernels run inside `with capture() as steps:`, and the host steps
 (`run_on_host`: Python on host buffers between kernels, such as an MPI all-reduce) so that a replay
@@ -106,13 +109,22 @@ def realize(outs: list[LazyBuffer]) -> None:
   else: return
   key, nodes = graph_key(outs)
   template = lookup(key)
-  # the prepared launch runs kernels only: what needs ScheduleItems (a capture, DEBUG's lines, GRAPH, PORT) takes
+  # a prepared launch runs kernels only: what needs ScheduleItems (a capture, DEBUG's lines, GRAPH, PORT) takes
   # the long way
   plain = not _captures and not _LONG_WAY.any()
   if plain and template is not None and template.launch is not None and template.launch.current():
     run_launch(template.launch, nodes)
     return
   items, template = schedule_graph(outs, key, nodes, template)
+  if plain:
+    # a new graph runs as its later calls will, through its prepared launch (all its kernels in one native call),
+    # its kernels built first: a decoding loop whose cache grows makes a new graph at every token, and running its
+    # ~80 kernels one by one from Python cost more than preparing the launch
+    build(items)
+    template.launch = Launch.prepare(template, items)
+    if template.launch is not None:
+      run_launch(template.launch, nodes)
+      return
   if getenv("GRAPH", 0):
     from tinychad.viz import save_graphs
     for path in save_graphs(outs, items): print(f"graph: {path}")
@@ -120,7 +132,6 @@ def realize(outs: list[LazyBuffer]) -> None:
     from tinychad.export import write_port
     write_port(outs, items)
   run_schedule(items)
-  if plain: template.launch = Launch.prepare(template, items)
 
 
 def run_schedule(items: list[ScheduleItem]) -> None:
@@ -192,7 +203,7 @@ class Launch:
 
   @staticmethod
   def prepare(template: Template, items: list[ScheduleItem]) -> Launch | None:
-    """The launch of a template whose items have just run (so their kernels are loaded); None if one can't be."""
+    """The launch of a template whose items' kernels are loaded (build() has run); None if one can't be."""
     steps, device, listed = [], None, []
     for (ast, out, ins, info), item in zip(template.steps, items):
       if ast.op is LoadOps.COPY: return None
