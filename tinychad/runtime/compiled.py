@@ -25,6 +25,7 @@ from typing import Any, Callable, NamedTuple
 from tinychad.runtime.cache import cache_key, cached_bytes, memoize, stored_bytes
 from tinychad.runtime.threads import MIN_PARALLEL_WORK, run_parallel
 
+
 class Kernel(NamedTuple):
   fn: Any              # ctypes function: (void* buffers..., void* constants..., int64 start, int64 end)
   parallel: int        # the extent of its parallel loop
