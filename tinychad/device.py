@@ -116,7 +116,8 @@ DEVICE_MEMORY = frozenset({"OPENCL", "CUDA"})
 
 # PyTorch's memory questions (torch.cuda.memory_allocated() and friends), answered for host memory
 def memory_allocated() -> int:
-  """Bytes held by live buffers: tensors' data, realized or kept by the graph (GlobalCounters.mem_used)."""
+  """Bytes held by live buffers: tensors' data, realized or kept by the graph (GlobalCounters.mem_used). Their
+  sizes as asked: a buffer over 4 KiB sits in a block up to 1/16 bigger (the pool's size class)."""
   return GlobalCounters.mem_used
 def max_memory_allocated() -> int:
   """The most memory_allocated() has been since the start or reset_peak_memory_stats()."""
