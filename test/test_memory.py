@@ -128,3 +128,19 @@ def test_a_full_pool_gives_back_the_sizes_given_back_least_recently(monkeypatch)
   # a full pool still takes back the size an eager loop uses (refusing it made every op's buffer fresh memory)
   for _ in range(3): (Tensor.ones(4) + 2).realize()
   assert len(memory_pool.free[16]) == 1 and memory_pool.pooled_bytes <= 1 << 20
+  # one size alone past the limit: the pool keeps what fits of it
+  many = [(Tensor.ones(3 << 15) + i).realize() for i in range(4)]
+  del many
+  assert memory_pool.pooled_bytes <= 1 << 20 and len(memory_pool.free[3 << 17]) == 2
+
+
+def test_a_zero_byte_buffer_goes_back_to_the_pool(monkeypatch):
+  import sys
+  from tinychad.device import Buffer
+  from tinychad.dtype import dtypes
+  errors = []
+  monkeypatch.setattr(sys, "unraisablehook", errors.append)    # where an exception in __del__ would go
+  for _ in range(2):
+    memory_pool.clear()
+    Buffer("CPU", 0, dtypes.float32).allocate()
+  assert not errors and len(memory_pool.free[0]) == 1

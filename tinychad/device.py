@@ -44,7 +44,7 @@ class _MemoryPool:
   def __init__(self):
     # by size class, the one given back most recently last
     self.free: dict[int, list[tuple[np.ndarray, int, ctypes.c_void_p]]] = {}
-    self.pooled_bytes = self.last_given = 0
+    self.pooled_bytes, self.last_given = 0, -1     # -1: no size (a zero-byte buffer is pooled too)
 
   def size_class(self, nbytes: int) -> int:
     """The bytes of the block a buffer of `nbytes` gets (the class it is pooled by)."""
@@ -85,13 +85,16 @@ class _MemoryPool:
     pooled.append(taken)
     self.pooled_bytes += size
     if self.pooled_bytes > self.LIMIT_BYTES:
-      for oldest in list(self.free)[:-1]:      # the last is this size (BIG_BYTES < LIMIT_BYTES: it fits alone)
+      for oldest in list(self.free)[:-1]:      # the last is this size
         self.pooled_bytes -= oldest * len(self.free.pop(oldest))
         if self.pooled_bytes <= self.LIMIT_BYTES: break
+      else:      # this size's blocks alone are past the limit: this one goes back to the allocator
+        pooled.pop()
+        self.pooled_bytes -= size
 
   def clear(self) -> None:
     self.free.clear()
-    self.pooled_bytes = self.last_given = 0
+    self.pooled_bytes, self.last_given = 0, -1
 
   def empty(self) -> None:
     """Drop every pooled buffer and ask the C allocator to return its free memory to the OS (glibc's malloc_trim;
