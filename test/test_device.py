@@ -64,3 +64,15 @@ def test_a_clang_that_cannot_build_our_c_is_passed_over(tmp_path):
   out = subprocess.run([sys.executable, "-c", code], env={**clean, "PATH": path}, capture_output=True, text=True, timeout=60)
   assert out.returncode == 0, out.stderr
   assert out.stdout.split() == ["CPU", "gcc"]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/self/maps and vm.max_map_count are Linux's")
+def test_a_kernel_library_costs_the_process_few_memory_mappings():
+  # Linux caps a process's mappings (vm.max_map_count, 65,530): a test process that had loaded ~9,000 kernel
+  # libraries at 5 mappings each came near it, and its last tests failed to load a library or start a thread
+  import time
+  from tinychad.runtime.cc import compile_c, find_c_compiler
+  if find_c_compiler() is None: pytest.skip("no C compiler")
+  lib = compile_c(f"float tc_mapping_probe(float x) {{ return x * {time.time_ns() % 1000003}.0f; }}\n", "probe")
+  with open("/proc/self/maps") as f: mappings = [line for line in f if lib._name in line]
+  assert 1 <= len(mappings) <= 3, mappings

@@ -15,6 +15,7 @@ Flags: -O2 -march=native -fPIC -shared, plus
                       whose float sum is already split into partial sums (Program.contract), where
                       -ffp-contract=fast lets a*b+acc be one FMA
   -mprefer-vector-width=512  on AVX-512 hosts (see AVX512_FLAG)
+  -Wl,-z,noseparate-code -Wl,-z,norelro  fewer memory mappings per loaded library (see LINK_FLAGS)
 and `$CC_FLAGS_EXTRA` (e.g. -fsanitize=address for tests). No -ffast-math: NaN and inf must survive.
 gcc (12 here) also gets
   -fno-tree-loop-vectorize  its loop vectorizer miscompiles a float sum over a reversed row (a flip:
@@ -49,6 +50,12 @@ CONTRACT_FLAG = "-ffp-contract=fast"
 # for these CPUs prefers 256-bit registers), and a 6x64 matmul tile's 24 accumulators become 48 that
 # spill to the stack: 79 -> 169 GFLOP/s on one core with clang 14. gcc keeps 512-bit vectors either way
 AVX512_FLAG = "-mprefer-vector-width=512"
+# each library a process loads costs it memory mappings, one per segment, and Linux caps a process at
+# vm.max_map_count (65,530 by default): a test process that had loaded ~9,000 kernel libraries held 45,000, near
+# enough that a long worker's last tests failed to load a library ("failed to map segment") or to start a thread.
+# Code and read-only data in one segment, and no segment made read-only after relocation, leave 2 mappings per
+# library instead of 5; used where the linker takes them (_link_flags)
+LINK_FLAGS = ["-Wl,-z,noseparate-code", "-Wl,-z,norelro"]
 GCC_FLAGS = ["-fno-tree-loop-vectorize", "--param=max-unrolled-insns=2000", "--param=max-average-unrolled-insns=2000"]
 GCC_HALF_FLAGS = ["-mno-avx512fp16", "-fexcess-precision=standard"]
 
@@ -80,6 +87,18 @@ def compiler_works(cc: str) -> bool:
 
 
 @functools.lru_cache(maxsize=None)
+def _link_flags(cc: str) -> list[str]:
+  """LINK_FLAGS where `cc`'s linker takes them without a word of complaint, else none (asked once per compiler)."""
+  probe = "int f(int x) { return x + 1; }\n"
+  try:
+    res = subprocess.run([cc, *BASE_FLAGS, *LINK_FLAGS, "-x", "c", "-", "-o", os.devnull], input=probe.encode(),
+                         capture_output=True)
+  except OSError:
+    return []
+  return LINK_FLAGS if res.returncode == 0 and not res.stderr.strip() else []
+
+
+@functools.lru_cache(maxsize=None)
 def _is_gcc(cc: str) -> bool:
   try: banner = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
   except OSError: return False
@@ -90,7 +109,8 @@ def compile_flags(contract: bool = False, source: str = "", cc: str = "") -> lis
   gcc = GCC_FLAGS + (GCC_HALF_FLAGS if "_Float16" in source else []) if cc and _is_gcc(cc) else []
   wide = [AVX512_FLAG] if simd_bytes() == 64 else []
   wrap = [WRAP_FLAG] if WRAPS_MARKER in source else []
-  flags = BASE_FLAGS + wrap + wide + gcc + shlex.split(os.getenv("CC_FLAGS_EXTRA", ""))
+  link = _link_flags(cc) if cc else []
+  flags = BASE_FLAGS + wrap + wide + gcc + link + shlex.split(os.getenv("CC_FLAGS_EXTRA", ""))
   return [CONTRACT_FLAG if f == "-ffp-contract=off" else f for f in flags] if contract else flags
 
 
