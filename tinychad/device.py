@@ -30,11 +30,10 @@ class _MemoryPool:
   into them ~7x slower (a 119 KB cache: 70 us instead of ~10), and the old ones piled up in the pool.
   Bounded so it can't hoard: past LIMIT_BYTES pooled, the sizes given back least recently go back to the allocator,
   whole, until the pool fits (refusing the new ones instead left a process that had run a few models with a pool
-  full of their old activations, and every later buffer fresh memory: a tiny op 5.4 -> 7.4 us); empty() gives back
-  the rest. A buffer of BIG_BYTES
-  or more is mapped from the OS on its own (an anonymous mmap, page aligned) and never pooled, so its pages go
-  back the moment it dies: through malloc they could stay in the process (seen in a long test process, where a
-  freed 256 MiB block kept the resident size up)."""
+  full of their old activations, and every later buffer fresh memory: a tiny op took 7.4 us there, not 5.4);
+  empty() gives back the rest. A buffer of BIG_BYTES or more is mapped from the OS on its own (an anonymous mmap,
+  page aligned) and never pooled, so its pages go back the moment it dies: through malloc they could stay in the
+  process (seen in a long test process, where a freed 256 MiB block kept the resident size up)."""
   LIMIT_BYTES = 1 << 30
   # a buffer this big costs its page faults once per use (~5% of merely writing it once), and pooling it would hold
   # a model's largest activations after they die: `del` of a big tensor should show in the process's memory
