@@ -55,6 +55,7 @@ class _MemoryPool:
     """A block of at least `nbytes` (its size class), its address and that address as a ctypes pointer (kept with
     it: asking numpy for the address costs a microsecond, and a kernel called with pointers skips ctypes'
     conversion of each argument)."""
+    # size_class() answers a small buffer the same, but an eager op's buffer is small: the test here saves the call
     size = nbytes if nbytes <= self.SMALL_BYTES else self.size_class(nbytes)
     pooled = self.free.get(size)
     if pooled:

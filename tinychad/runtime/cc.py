@@ -75,27 +75,27 @@ def _first_working_compiler() -> str | None:
   return next((cc for cc in ("clang", "gcc", "cc") if shutil.which(cc) and compiler_works(cc)), None)
 
 
+def _probe(cc: str, source: str, flags: tuple[str, ...] = ()) -> subprocess.CompletedProcess | None:
+  """`cc` building `source` into a throwaway library with BASE_FLAGS and `flags`; None where `cc` can't run."""
+  try:
+    return subprocess.run([cc, *BASE_FLAGS, *flags, "-x", "c", "-", "-o", os.devnull], input=source.encode(),
+                          capture_output=True)
+  except OSError:
+    return None
+
+
 @functools.lru_cache(maxsize=None)
 def compiler_works(cc: str) -> bool:
   # the renderer needs C11 `_Float16`; probe once with a function that uses it
-  probe = "_Float16 h(_Float16 x) { return x + 1; }\n"
-  try:
-    res = subprocess.run([cc, *BASE_FLAGS, "-x", "c", "-", "-o", os.devnull], input=probe.encode(), capture_output=True)
-  except OSError:
-    return False
-  return res.returncode == 0
+  res = _probe(cc, "_Float16 h(_Float16 x) { return x + 1; }\n")
+  return res is not None and res.returncode == 0
 
 
 @functools.lru_cache(maxsize=None)
 def _link_flags(cc: str) -> list[str]:
   """LINK_FLAGS where `cc`'s linker takes them without a word of complaint, else none (asked once per compiler)."""
-  probe = "int f(int x) { return x + 1; }\n"
-  try:
-    res = subprocess.run([cc, *BASE_FLAGS, *LINK_FLAGS, "-x", "c", "-", "-o", os.devnull], input=probe.encode(),
-                         capture_output=True)
-  except OSError:
-    return []
-  return LINK_FLAGS if res.returncode == 0 and not res.stderr.strip() else []
+  res = _probe(cc, "int f(int x) { return x + 1; }\n", tuple(LINK_FLAGS))
+  return LINK_FLAGS if res is not None and res.returncode == 0 and not res.stderr.strip() else []
 
 
 @functools.lru_cache(maxsize=None)
