@@ -35,7 +35,7 @@ from tinychad.engine.realize import HostCall, HostWrites, call_on_host, capture,
 from tinychad.helpers import DEBUG
 from tinychad.lazy import LazyBuffer
 from tinychad.ops import LoadOps
-from tinychad.runtime.compiled import Compiled
+from tinychad.runtime.compiled import Compiled, buffer_addresses
 from tinychad.runtime.threads import KernelList
 from tinychad.view import ShapeTracker
 
@@ -58,7 +58,7 @@ class _Recording:
     self.constant_key: tuple[Buffer, ...] = ()            # the buffers they were last run on (held: ids can't recur)
     self.host_writes = 0                                  # HostWrites.count when they last ran
     # the steps made ready to replay (see _plan), with the constant steps (False) or without them (True)
-    self.plans: dict[bool, tuple[list, dict[int, list[tuple[KernelList, int]]]]] = {}
+    self.plans: dict[bool, tuple[list, dict[int, list[tuple[KernelList, int, int]]]]] = {}
 
 
 _active: _Recording | None = None
@@ -224,7 +224,7 @@ class TinyJit:
       if skip not in rec.plans: rec.plans[skip] = _plan(steps)
       plan, slots = rec.plans[skip]
       for old_id, buf in swap.items():
-        for kernels, slot in slots.get(old_id, ()): kernels.args[slot] = buf.allocate().address
+        for kernels, slot, shift in slots.get(old_id, ()): kernels.args[slot] = buf.allocate().address + shift
       for kernels, part in plan:
         if kernels is None or not kernels.run(): _run_steps(part, swap)
     for tensor, after, base_shape, st in rec.assigned_after:
@@ -233,21 +233,23 @@ class TinyJit:
     return _rebuild(rec.structure, iter(outs))
 
 
-def _plan(steps: list) -> tuple[list, dict[int, list[tuple[KernelList, int]]]]:
+def _plan(steps: list) -> tuple[list, dict[int, list[tuple[KernelList, int, int]]]]:
   """The recorded steps as a replay runs them, in order, as (KernelList or None, steps): each run of consecutive
   kernels of a compiled CPU device as one KernelList (one native call for all of them), the other steps (copies,
   host steps, other devices' kernels) with None, to run one by one; and, for each buffer, the KernelList
-  argument slots that take it, where a replay writes its new one."""
+  argument slots that take it, where a replay writes its new one's address (plus the kernel's shift of that
+  argument, codegen/offsets.py)."""
   plan: list[tuple[KernelList | None, list]] = []
-  slots: dict[int, list[tuple[KernelList, int]]] = {}
+  slots: dict[int, list[tuple[KernelList, int, int]]] = {}
   pending: list[tuple[Any, list[Buffer], Any]] = []
 
   def close_list() -> None:
     if not pending: return
-    kernels = KernelList([(k.address, [b.allocate().address for b in bufs] + list(k.constants), k.parallel, item.points)
+    kernels = KernelList([(k.address, buffer_addresses(k, bufs) + list(k.constants), k.parallel, item.points)
                           for item, bufs, k in pending])
-    for (_, bufs, _), start in zip(pending, kernels.starts):
-      for i, b in enumerate(bufs): slots.setdefault(id(b), []).append((kernels, start + i))
+    for (_, bufs, k), start in zip(pending, kernels.starts):
+      for i, b in enumerate(bufs):
+        slots.setdefault(id(b), []).append((kernels, start + i, k.shifts[i] if i < len(k.shifts) else 0))
     plan.append((kernels, [(item, bufs) for item, bufs, _ in pending]))   # the steps: if the pool can't start
     pending.clear()
 

@@ -7,7 +7,9 @@ For each kernel whose program its device hasn't loaded yet:
   -> render (the device's renderer) -> compile (the device's compiler, through the kernel cache:
   runtime/cache.py keeps its binaries on disk) -> load (the device's loader),
 and a kernel record (the kernel tree -> the binary and the symbol in it) is written, so that a new
-process loads the kernel without lowering or rendering it. A kernel that only moves data (a cat, a pad's or a
+process loads the kernel without lowering or rendering it. A kernel tree that differs from another only in where its
+inputs start (an LSTM's time steps, codegen/offsets.py) is built once on the host devices (CPU, LLVM; not with
+NOOPT=1) and called with each input's address shifted. A kernel that only moves data (a cat, a pad's or a
 permute's copy, codegen/copy.py) on a CPU device skips all of that: runtime/copy.py's generic strided copy runs it,
 compiled once for every shape (not with NOOPT=1, which compiles everything plainly). All the schedule's new kernels are built
 before the first of them runs: a device with `batch` puts several in one binary, one binary per core
@@ -34,6 +36,7 @@ from typing import Callable, Iterator
 from tinychad.codegen import Program, lower_item
 from tinychad.codegen.copy import copy_plan
 from tinychad.codegen.gpu import lower_gpu
+from tinychad.codegen.offsets import split_offsets
 from tinychad.device import DEVICE_MEMORY, Buffer, Device
 from tinychad.engine.schedule import ScheduleItem, schedule_graph
 from tinychad.engine.schedule_cache import Template, graph_key, lookup
@@ -192,11 +195,12 @@ class Launch:
   On a device that runs kernels natively (the CPU's thread pool), a launch of several kernels runs them all in one
   native call (`kernels`, a KernelList: each run writes its buffers' addresses into the argument slots), as a
   TinyJit replay does: a decoding step's ~80 kernels cost one call instead of ~80 Python calls."""
-  __slots__ = ("steps", "made", "device", "programs", "kernels", "totals")
+  __slots__ = ("steps", "made", "device", "programs", "kernels", "totals", "shifted")
 
   def __init__(self, steps: list[tuple], made: int, device, totals: tuple[int, int, int],
-               kernels: KernelList | None = None):
+               kernels: KernelList | None = None, shifted: list[tuple[int, int]] | None = None):
     self.steps, self.made, self.device, self.kernels, self.totals = steps, made, device, kernels, totals
+    self.shifted = shifted or []    # (argument slot, bytes): what a kernel's Kernel.shifts add to its buffers
     self.programs = device.programs if device is not None else None
 
   def current(self) -> bool: return self.device is None or self.device.programs is self.programs
@@ -223,7 +227,9 @@ class Launch:
       return Launch(steps, len(template.made), device, totals)
     kernels = KernelList([(program.address, [0] * n + list(program.constants), program.parallel, info[3])
                           for program, n, info in listed])
-    return Launch(steps, len(template.made), device, totals, kernels)
+    shifted = [(start + i, shift) for (program, _, _), start in zip(listed, kernels.starts)
+               for i, shift in enumerate(program.shifts) if shift]
+    return Launch(steps, len(template.made), device, totals, kernels, shifted)
 
 
 def _runner(device, program, points: int) -> Callable[[list[Buffer]], None]:
@@ -253,8 +259,8 @@ def run_launch(launch: Launch, nodes: list[LazyBuffer]) -> None:
 
 def _run_listed(launch: Launch, nodes: list[LazyBuffer], made: list[Buffer | None]) -> None:
   """run_launch's work with every kernel in one native call: the buffers first, their addresses written into the
-  kernels' argument slots (a kernel's constants, after its buffers, stay as written), then the call (on this thread
-  alone where the thread pool can't start)."""
+  kernels' argument slots (a kernel's constants, after its buffers, stay as written) and shifted where a kernel
+  shifts them, then the call (on this thread alone where the thread pool can't start)."""
   args, slot = launch.kernels.args, 0
   for out, (device, size, dtype), ins, call, constants in launch.steps:
     buf = Buffer(device, size, dtype).allocate()
@@ -268,6 +274,7 @@ def _run_listed(launch: Launch, nodes: list[LazyBuffer], made: list[Buffer | Non
       lb = nodes[out]
       lb.realized, lb.srcs = buf, ()
     else: made[-1 - out] = buf
+  for slot, shift in launch.shifted: args[slot] += shift
   if not launch.kernels.run(): launch.kernels.run(threads=1)
 
 
@@ -316,6 +323,7 @@ def build(items: list[ScheduleItem]) -> dict[tuple, float]:
   rendering and compiling its binary; a shared binary's compile counts for each of its kernels)."""
   debug = DEBUG()
   new: dict[Compiled, dict[tuple, _New]] = {}
+  shared: list[tuple[Compiled, tuple, tuple, tuple[int, ...]]] = []   # (device, key, the shifted tree's key, shifts)
   for item in items:
     if not item.is_kernel or item.output.size == 0: continue
     device, key = Device[item.output.device], (item.ast, item.name)
@@ -326,6 +334,15 @@ def build(items: list[ScheduleItem]) -> dict[tuple, float]:
     if (copy := _generic_copy(device, item, debug)) is not None:
       device.programs[key] = copy
       continue
+    if type(device).run is Compiled.run and not getenv("NOOPT", 0):
+      # trees that differ only in where their inputs start build one kernel, called with shifted addresses
+      tree, shifts = split_offsets(item.ast)
+      if shifts:
+        item = ScheduleItem(tree, item.output, item.inputs)
+        shared.append((device, key, (tree, item.name), shifts))
+        if debug >= 3: print(f"{key[1]}: its inputs' addresses shifted by {shifts} bytes")
+        key = (tree, item.name)
+        if key in device.programs or key in new.get(device, {}): continue
     start = time.perf_counter()
     record_key = cache_key("record", device.name, tree_text(item.ast), item.name, code_version(), device.identity(),
                            os.getenv("NOOPT", ""), os.getenv("BEAM", ""))
@@ -353,6 +370,9 @@ def build(items: list[ScheduleItem]) -> dict[tuple, float]:
     for member, kernel, compile_s in built:
       device.programs[member.key] = kernel
       seconds[member.key] = member.seconds + compile_s
+  for device, key, unshifted, shifts in shared:
+    device.programs[key] = device.programs[unshifted]._replace(shifts=shifts)
+    if unshifted in seconds: seconds[key] = seconds[unshifted]
   return seconds
 
 

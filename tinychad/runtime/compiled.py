@@ -15,7 +15,8 @@ in: a device's declaration (a subclass of Compiled, see ops_cpu.py and ops_llvm.
       load(binary) -> handle                  the binary loaded (a ctypes.CDLL, an MCJIT engine)
       address(handle, symbol) -> int          where a function's machine code is
 out: Kernels, each a native function fn(buffer addresses..., start, end) over [start, end) of its
-     parallel loop, its extent, its address (for the thread pool) and the handle that keeps it loaded.
+     parallel loop, its extent, its address (for the thread pool) and the handle that keeps it loaded; a kernel
+     shared by trees that differ in their inputs' offsets (codegen/offsets.py) adds its `shifts` to the addresses.
 engine/realize.py drives the steps (lower, render, compile, load, run) and fills `programs`.
 """
 from __future__ import annotations
@@ -32,6 +33,14 @@ class Kernel(NamedTuple):
   address: int         # fn's machine code address (asking ctypes for it costs ~1.5 us a call)
   owner: Any           # the loaded binary (and what the constants point to): holding it keeps them mapped
   constants: tuple[int, ...] = ()   # pointers passed after the buffers (runtime/copy.py's geometry)
+  shifts: tuple[int, ...] = ()      # bytes added to each buffer's address (codegen/offsets.py), buffer 0 first
+
+
+def buffer_addresses(kernel: Kernel, bufs: list) -> list[int]:
+  """The buffers' addresses as the kernel takes them (allocated first), each plus its shift."""
+  addresses = [b.allocate().address for b in bufs]
+  for i, shift in enumerate(kernel.shifts): addresses[i] += shift
+  return addresses
 
 
 def kernel_function(address: int, buffers: int):
@@ -77,16 +86,17 @@ class Compiled:
   @staticmethod
   def run(kernel: Kernel, bufs: list, points: int) -> None:
     """The kernel over its whole parallel loop on `bufs`; `points` (its iteration space) decides the threads."""
-    fn, parallel, address, _, constants = kernel
-    run_parallel(fn, [b.allocate().address for b in bufs] + list(constants), parallel, points, address)
+    run_parallel(kernel.fn, buffer_addresses(kernel, bufs) + list(kernel.constants), kernel.parallel, points,
+                 kernel.address)
 
   def launcher(self, kernel: Kernel, points: int) -> Callable[[list], None]:
     """run(kernel, bufs, points) with what depends only on the kernel decided once (a remembered schedule's
     launch, engine/realize.py): a kernel too small for threads whatever THREADS says (run_parallel's rule)
     is its ctypes function called over its whole loop; a bigger one goes through run(), which reads the
-    thread count each time, as does every kernel of a device with a run() of its own (OPENCL's queue). The
-    buffers must be allocated (a realized buffer, or one just allocated)."""
-    if points >= MIN_PARALLEL_WORK or type(self).run is not Compiled.run:
+    thread count each time, as does every kernel of a device with a run() of its own (OPENCL's queue) and every
+    kernel whose buffers' addresses are shifted. The buffers must be allocated (a realized buffer, or one just
+    allocated)."""
+    if points >= MIN_PARALLEL_WORK or type(self).run is not Compiled.run or kernel.shifts:
       return lambda bufs: self.run(kernel, bufs, points)
     # the kernel's signature without argument types, called with the buffers (ctypes passes each as its pointer,
     # Buffer._as_parameter_) and ctypes objects for the loop's bounds, made once: converting each int through the
