@@ -9,23 +9,27 @@ SGD-momentum train step, a ViT (6 layers, d 192, 3 heads, 32x32 images, patch 4)
 
 Each model is written once, in `define(lib)`, the way a PyTorch user writes it (nn layers, `forward`), and
 built twice from the same text: with torch.nn and with tinychad.nn (what porting means: the imports
-change). A worker process per variant (tinychad eager, tinychad TinyJit, torch, tinygrad): the tinychad
-eager worker starts with an empty kernel cache, so its first call is the compile time; the TinyJit worker
-runs after it, over that cache. Each workload: the first call (timed), then in the eager worker a check
-(the torch twin's weights loaded by name from its state dict, one output compared), two warm-up calls
-(TinyJit records on its second or third call), then the median of 3 timed calls.
---parallel runs the four workers at once (for a busy machine); --quick: small models and
-2 timed calls (its smoke test: test/test_bench_models.py). tinygrad runs the tiny-ops row only: the
+change). A worker process per variant (tinychad eager, tinychad TinyJit, torch, tinygrad) lives through the run.
+At each workload every worker prepares it: the first call (timed; the tinychad eager worker goes first, over an
+empty kernel cache, so its first call is the compile time, and the TinyJit worker runs over that cache), then in
+the eager worker a check (the torch twin's weights loaded by name from its state dict, one output compared), then
+two warm-up calls (TinyJit records on its second or third call). Then the workers take turns, one timed call each
+per round, and each variant's time is the median of its calls: a shared machine whose speed drifts moves every
+variant alike instead of the one that happened to run during a slow minute.
+--parallel prepares the variants at once (a busy machine; the timed calls still take turns); --quick: small
+models and 2 rounds (its smoke test: test/test_bench_models.py). tinygrad runs the tiny-ops row only: the
 models use nn layers tinygrad 0.14 lacks (Module, LSTM, TransformerEncoderLayer), each row says which.
 """
 from __future__ import annotations
 import argparse
 import json
+import queue
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import warnings
 from dataclasses import dataclass
@@ -38,10 +42,13 @@ from bench.common import REPO_ROOT, describe, limit_threads, unavailable_reason,
 
 THREADS = 2
 VARIANTS = ("tinychad eager", "tinychad TinyJit", "torch eager", "tinygrad")
-# each workload's time is the median of this many calls (generation too: one call of 256 tokens moved by 1.4x
-# between runs on a shared VM)
-TIMED_CALLS = 3
-WORKER_TIMEOUT_S = 3000
+# each workload's time is the median of this many calls per variant, taken in turns (generation too: one call of
+# 256 tokens moved by 1.4x between runs on a shared VM)
+TIMED_CALLS = 5
+# the longest one command may take a worker (a first call compiles every kernel of a model)
+WORKER_TIMEOUT_S = 1800
+# between two workers' turns: torch's OpenMP threads spin a little after a call before they sleep
+TURN_PAUSE_S = 0.05
 # torch's TransformerEncoder warns that norm_first layers take its plain path: the path a tinychad user ports
 warnings.filterwarnings("ignore", message="enable_nested_tensor is True")
 # one output of the tinychad model against its torch twin: float32 through up to ~20 layers
@@ -334,7 +341,7 @@ def workloads(quick: bool) -> list[Workload]:
   ]
 
 
-# ---- worker: one variant, every workload, one BENCH line each ----
+# ---- worker: one variant's process; it prepares a workload, then times one call at a time when asked ----
 
 def check_against_torch(workload: Workload, run: Run, quick: bool) -> float:
   """Load the torch twin's weights into the tinychad model and compare one output; the largest difference."""
@@ -349,98 +356,187 @@ def check_against_torch(workload: Workload, run: Run, quick: bool) -> float:
   return float(np.abs(ours - theirs).max())
 
 
-def run_variant(variant: str, quick: bool, names: list[str] | None = None, cpu_time: bool = False) -> list[dict]:
-  """Every workload (or those named) in this process for `variant`; one report dict each. With `cpu_time`,
-  the seconds timed are this process's CPU time (one thread: see main's --cpu-time)."""
+def prepare(variant: str, workload: Workload, lib: SimpleNamespace, quick: bool) -> tuple[Run | None, dict]:
+  """The workload built for `variant`, its first call timed, checked against torch (tinychad eager) and warmed up:
+  (the run, ready to time; its report). The run is None when the variant can't run it (the report says why)."""
+  report: dict = {"case": workload.name}
+  if lib.name == "tinygrad" and workload.tinygrad_reason:
+    report["error"] = workload.tinygrad_reason
+    return None, report
+  try:
+    run = workload.build(lib, quick)
+    if variant == "tinychad TinyJit":
+      if not run.jittable:
+        report["error"] = "no TinyJit form (shapes change every call)" if workload.unit == "tok/s" else "eager by definition"
+        return None, report
+      from tinychad import TinyJit
+      run.call = TinyJit(run.call)
+    # the first call before the check against torch: the check's forward would compile the forward's kernels first
+    start = time.perf_counter()
+    run.call(*run.inputs)
+    report["first_s"] = time.perf_counter() - start
+    if variant == "tinychad eager" and run.model is not None: report["max_diff"] = check_against_torch(workload, run, quick)
+    # warm-up: TinyJit records on its second call, or its third where the first call makes optimizer state
+    run.call(*run.inputs)
+    run.call(*run.inputs)
+    return run, report
+  except Exception as e:  # one failing workload must not take down the others
+    report["error"] = describe(e)
+    return None, report
+
+
+def _library_of(variant: str, cpu_time: bool) -> tuple[SimpleNamespace, Callable[[], float]]:
+  """The variant's library (its threads pinned) and the clock its calls are timed with."""
   lib_name = variant.split()[0]
   limit_threads(lib_name, 1 if cpu_time else THREADS)
-  clock = time.process_time if cpu_time else time.perf_counter
   lib = library(lib_name) if lib_name != "tinygrad" else SimpleNamespace(name="tinygrad")
+  return lib, time.process_time if cpu_time else time.perf_counter
+
+
+def run_variant(variant: str, quick: bool, names: list[str] | None = None, cpu_time: bool = False) -> list[dict]:
+  """Every workload (or those named) prepared and timed in this process for `variant` alone, one report each
+  (the median of its timed calls): the smoke test's way in. The table times the variants in turns (run_all)."""
+  lib, clock = _library_of(variant, cpu_time)
   reports = []
   for workload in workloads(quick):
     if names is not None and workload.name not in names: continue
-    report: dict = {"case": workload.name}
+    run, report = prepare(variant, workload, lib, quick)
     reports.append(report)
-    if lib_name == "tinygrad" and workload.tinygrad_reason:
-      report["error"] = workload.tinygrad_reason
-      continue
+    if run is None: continue
     try:
-      run = workload.build(lib, quick)
-      if variant == "tinychad TinyJit":
-        if not run.jittable:
-          report["error"] = "no TinyJit form (shapes change every call)" if workload.unit == "tok/s" else "eager by definition"
-          continue
-        from tinychad import TinyJit
-        run.call = TinyJit(run.call)
-      # the first call before the check against torch: the check's forward would compile the forward's kernels first
-      start = time.perf_counter()
-      run.call(*run.inputs)
-      report["first_s"] = time.perf_counter() - start
-      if variant == "tinychad eager" and run.model is not None: report["max_diff"] = check_against_torch(workload, run, quick)
-      # warm-up: TinyJit records on its second call, or its third where the first call makes optimizer state
-      run.call(*run.inputs)
-      run.call(*run.inputs)
-      times = []
-      for _ in range(2 if quick else TIMED_CALLS):
-        start = clock()
-        run.call(*run.inputs)
-        times.append(clock() - start)
-      report["median_s"] = statistics.median(times)
-    except Exception as e:  # one failing workload must not take down the others
+      report["median_s"] = statistics.median(_timed(run, clock) for _ in range(2 if quick else TIMED_CALLS))
+    except Exception as e:
       report["error"] = describe(e)
   return reports
 
 
-# ---- parent: a worker per variant, then the table ----
-
-def start_worker(variant: str, quick: bool, cache_dir: str, flags: list[str]) -> subprocess.Popen | dict[str, dict]:
-  """The worker process of one variant, started; or, when its library can't run here, every row's reason."""
-  lib_name = variant.split()[0]
-  reason = unavailable_reason(lib_name)
-  if reason: return {w.name: {"error": reason} for w in workloads(quick)}
-  cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", variant] + (["--quick"] if quick else []) + flags
-  threads = 1 if "--cpu-time" in flags else THREADS
-  return subprocess.Popen(cmd, env=worker_env(lib_name, threads, cache_dir), cwd=REPO_ROOT, stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, text=True)
+def _timed(run: Run, clock: Callable[[], float]) -> float:
+  start = clock()
+  run.call(*run.inputs)
+  return clock() - start
 
 
-def collect(variant: str, proc: subprocess.Popen | dict[str, dict], quick: bool, started: float,
-            names: list[str] | None) -> dict[str, dict]:
-  """The worker's reports by workload name (a row it never reported: why, from its stderr)."""
-  if isinstance(proc, dict): return proc
-  try:
-    stdout, stderr = proc.communicate(timeout=max(1.0, WORKER_TIMEOUT_S - (time.perf_counter() - started)))
-    failure = (stderr.strip().splitlines() or ["no output"])[-1] if proc.returncode else ""
-  except subprocess.TimeoutExpired:
-    proc.kill()
-    stdout, _ = proc.communicate()
-    failure = f"timed out after {WORKER_TIMEOUT_S} s"
-  print(f"[bench] models {variant}: {time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
-  reports = {}
-  for line in stdout.splitlines():
-    if line.startswith("BENCH "):
-      report = json.loads(line[len("BENCH "):])
-      reports[report["case"]] = report
-  for w in workloads(quick):
-    if names is None or w.name in names: reports.setdefault(w.name, {"error": f"worker died: {failure[:160]}"})
-  return reports
+def serve(variant: str, quick: bool, cpu_time: bool) -> None:
+  """The worker's loop: one JSON command a line on stdin, one BENCH line back for each. {"prepare": name} builds
+  that workload (dropping the last one) and reports its first call; {"time": true} times one more call of it."""
+  lib, clock = _library_of(variant, cpu_time)
+  by_name = {w.name: w for w in workloads(quick)}
+  run: Run | None = None
+  for line in sys.stdin:
+    command = json.loads(line)
+    if "prepare" in command:
+      run = None     # the last workload's model goes before the next one is built
+      run, reply = prepare(variant, by_name[command["prepare"]], lib, quick)
+    else:
+      try:
+        reply = {"seconds": _timed(run, clock)}
+      except Exception as e:
+        reply = {"error": describe(e)}
+    print("BENCH " + json.dumps(reply), flush=True)
+
+
+# ---- parent: a worker per variant, kept for the whole run; the variants take turns at each workload's calls ----
+
+class Worker:
+  """One variant's process (serve), asked one command at a time. A reader thread queues its BENCH lines, so a
+  worker that dies or hangs gives a reply with an error instead of blocking the run."""
+  def __init__(self, variant: str, quick: bool, cache_dir: str, flags: list[str]):
+    self.variant = variant
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", variant] + (["--quick"] if quick else []) + flags
+    threads = 1 if "--cpu-time" in flags else THREADS
+    self.stderr = tempfile.TemporaryFile(mode="w+")     # read only when the worker dies: a pipe could fill and block it
+    self.proc = subprocess.Popen(cmd, env=worker_env(variant.split()[0], threads, cache_dir), cwd=REPO_ROOT,
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr, text=True)
+    self.replies: queue.Queue = queue.Queue()
+    threading.Thread(target=self._read, daemon=True).start()
+    self.failure = ""
+
+  def _read(self) -> None:
+    for line in self.proc.stdout:
+      if line.startswith("BENCH "): self.replies.put(json.loads(line[len("BENCH "):]))
+    self.replies.put(None)     # end of output: the worker exited
+
+  def send(self, command: dict) -> None:
+    if self.failure: return
+    try:
+      self.proc.stdin.write(json.dumps(command) + "\n")
+      self.proc.stdin.flush()
+    except OSError:
+      pass       # it died: the reply says so
+
+  def reply(self) -> dict:
+    if self.failure: return {"error": self.failure}
+    try:
+      reply = self.replies.get(timeout=WORKER_TIMEOUT_S)
+    except queue.Empty:
+      self.proc.kill()
+      self.failure = f"worker timed out after {WORKER_TIMEOUT_S} s"
+      return {"error": self.failure}
+    if reply is None:
+      self.proc.wait()
+      self.stderr.seek(0)
+      self.failure = "worker died: " + ((self.stderr.read().strip().splitlines() or ["no output"])[-1])[:160]
+      return {"error": self.failure}
+    return reply
+
+  def ask(self, command: dict) -> dict:
+    self.send(command)
+    return self.reply()
+
+  def close(self) -> None:
+    if self.proc.poll() is None:
+      self.proc.stdin.close()
+      try:
+        self.proc.wait(timeout=60)
+      except subprocess.TimeoutExpired:
+        self.proc.kill()
+    self.stderr.close()
 
 
 def run_all(quick: bool, parallel: bool, flags: list[str], names: list[str] | None) -> dict[str, dict[str, dict]]:
-  """Every variant's reports. The tinychad eager worker runs over an empty kernel cache (its first calls
-  compile), then the TinyJit worker over the cache it filled. With `parallel` (a shared machine where one
-  at a time would not finish) all four run at once, TinyJit over an empty cache of its own."""
+  """Every variant's reports. A worker per variant lives through the run. At each workload, the tinychad eager
+  worker prepares it first, over an empty kernel cache (its first call compiles), then the TinyJit worker over the
+  cache it filled, then torch and tinygrad; with `parallel` (a shared machine where one at a time would not
+  finish) they prepare at once, TinyJit over an empty cache of its own. Then the timed calls go round the workers,
+  one call each per round, the first worker of a round moving by one each time: a machine whose speed drifts
+  over minutes moves every variant alike, where one worker after the other would put the drift into the ratios."""
   caches = [tempfile.mkdtemp(prefix="tinychad-bench-cache-") for _ in range(2)]
-  results: dict[str, dict[str, dict]] = {}
+  workers: dict[str, Worker] = {}
+  results: dict[str, dict[str, dict]] = {variant: {} for variant in VARIANTS}
   try:
-    groups = [list(VARIANTS)] if parallel else [[v] for v in VARIANTS]
-    for group in groups:
-      started = {variant: (start_worker(variant, quick, caches[parallel and variant == "tinychad TinyJit"], flags),
-                           time.perf_counter()) for variant in group}
-      for variant, (proc, t0) in started.items(): results[variant] = collect(variant, proc, quick, t0, names)
+    for variant in VARIANTS:
+      reason = unavailable_reason(variant.split()[0])
+      if reason: results[variant] = {w.name: {"case": w.name, "error": reason} for w in workloads(quick)}
+      else: workers[variant] = Worker(variant, quick, caches[parallel and variant == "tinychad TinyJit"], flags)
+    for workload in workloads(quick):
+      if names is not None and workload.name not in names: continue
+      started = time.perf_counter()
+      reports = _prepare_all(workers, workload, parallel)
+      ready = [variant for variant, report in reports.items() if "error" not in report]
+      times: dict[str, list[float]] = {variant: [] for variant in ready}
+      for turn in range(2 if quick else TIMED_CALLS):
+        shift = turn % max(1, len(ready))
+        for variant in ready[shift:] + ready[:shift]:
+          reply = workers[variant].ask({"time": True})
+          if "error" in reply: reports[variant]["error"] = reply["error"]
+          else: times[variant].append(reply["seconds"])
+          time.sleep(TURN_PAUSE_S)
+      for variant in ready:
+        if "error" not in reports[variant]: reports[variant]["median_s"] = statistics.median(times[variant])
+      for variant, report in reports.items(): results[variant][workload.name] = report
+      print(f"[bench] models: {workload.name}: {time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
   finally:
+    for worker in workers.values(): worker.close()
     for cache in caches: shutil.rmtree(cache, ignore_errors=True)
   return results
+
+
+def _prepare_all(workers: dict[str, Worker], workload: Workload, parallel: bool) -> dict[str, dict]:
+  """Each worker's report of preparing `workload`: one after another in VARIANTS order, or all at once."""
+  if parallel:
+    for worker in workers.values(): worker.send({"prepare": workload.name})
+    return {variant: {"case": workload.name, **worker.reply()} for variant, worker in workers.items()}
+  return {variant: {"case": workload.name, **worker.ask({"prepare": workload.name})} for variant, worker in workers.items()}
 
 
 def format_table(quick: bool, results: dict[str, dict[str, dict]], names: list[str] | None = None) -> str:
@@ -481,7 +577,7 @@ def main(argv: list[str] | None = None) -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--quick", action="store_true", help="small models, 2 timed calls (a smoke test)")
   parser.add_argument("--parallel", action="store_true",
-                      help="every variant at once (a busy machine: faster, but the timings then overlap)")
+                      help="the variants prepare each workload at once (a busy machine); the timed calls still take turns")
   parser.add_argument("--cpu-time", action="store_true",
                       help="1 thread per library, timed in CPU seconds of the worker (process_time): barely moved by a busy machine")
   parser.add_argument("--only", nargs="*", metavar="WORD", help="the workloads whose names contain one of these words (any case)")
@@ -489,7 +585,7 @@ def main(argv: list[str] | None = None) -> None:
   args = parser.parse_args(argv)
   names = None if args.only is None else [w.name for w in workloads(args.quick) if any(word.lower() in w.name.lower() for word in args.only)]
   if args.worker:
-    for report in run_variant(args.worker, args.quick, names, args.cpu_time): print("BENCH " + json.dumps(report), flush=True)
+    serve(args.worker, args.quick, args.cpu_time)
     return
   start = time.perf_counter()
   flags = (["--cpu-time"] if args.cpu_time else []) + (["--only", *args.only] if args.only is not None else [])
@@ -497,9 +593,9 @@ def main(argv: list[str] | None = None) -> None:
   print(format_table(args.quick, results, names))
   clock = "CPU time of the worker process (1 thread each)" if args.cpu_time else f"wall time, {THREADS} threads for every library"
   print(f"\nms: lower is better; tok/s: higher is better. Ratios are times (> 1x: tinychad is slower). {clock};"
-        f" medians of {2 if args.quick else TIMED_CALLS} calls after two warm-ups, all in this run"
+        f" medians of {2 if args.quick else TIMED_CALLS} calls after two warm-ups, the variants taking turns, all in this run"
         f" ({time.perf_counter() - start:.0f} s{', --quick: small models' if args.quick else ''}"
-        f"{'; --parallel: the four workers ran at once' if args.parallel else ''}).")
+        f"{'; --parallel: the workers prepared each workload at once' if args.parallel else ''}).")
 
 
 if __name__ == "__main__": main()
