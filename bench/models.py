@@ -13,9 +13,10 @@ change). A worker process per variant (tinychad eager, tinychad TinyJit, torch, 
 At each workload every worker prepares it: the first call (timed; the tinychad eager worker goes first, over an
 empty kernel cache, so its first call is the compile time, and the TinyJit worker runs over that cache), then in
 the eager worker a check (the torch twin's weights loaded by name from its state dict, one output compared), then
-two warm-up calls (TinyJit records on its second or third call). Then the workers take turns, one timed call each
-per round, and each variant's time is the median of its calls: a shared machine whose speed drifts moves every
-variant alike instead of the one that happened to run during a slow minute.
+two warm-up calls (TinyJit records on its second or third call). Then the workers take turns, each turn a call
+that warms the caches the other workers' turns left cold and a timed call, and each variant's time is the median
+of its timed calls: a shared machine whose speed drifts moves every variant alike instead of the one that
+happened to run during a slow minute.
 --parallel prepares the variants at once (a busy machine; the timed calls still take turns); --quick: small
 models and 2 rounds (its smoke test: test/test_bench_models.py). tinygrad runs the tiny-ops row only: the
 models use nn layers tinygrad 0.14 lacks (Module, LSTM, TransformerEncoderLayer), each row says which.
@@ -418,7 +419,8 @@ def _timed(run: Run, clock: Callable[[], float]) -> float:
 
 def serve(variant: str, quick: bool, cpu_time: bool) -> None:
   """The worker's loop: one JSON command a line on stdin, one BENCH line back for each. {"prepare": name} builds
-  that workload (dropping the last one) and reports its first call; {"time": true} times one more call of it."""
+  that workload (dropping the last one) and reports its first call; {"time": true} calls it twice and times the
+  second."""
   lib, clock = _library_of(variant, cpu_time)
   by_name = {w.name: w for w in workloads(quick)}
   run: Run | None = None
@@ -429,6 +431,8 @@ def serve(variant: str, quick: bool, cpu_time: bool) -> None:
       run, reply = prepare(variant, by_name[command["prepare"]], lib, quick)
     else:
       try:
+        # a call first, untimed: the other workers' turns left this process's caches cold
+        run.call(*run.inputs)
         reply = {"seconds": _timed(run, clock)}
       except Exception as e:
         reply = {"error": describe(e)}
