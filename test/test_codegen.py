@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from tinychad import Tensor
 from tinychad.codegen import linearize, UOps
-from tinychad.codegen.symbolic import Var, Num, Node
+from tinychad.codegen.symbolic import Var, Num, Node, constant_difference, plus_constant
 from tinychad.dtype import dtypes
 from tinychad.engine.schedule import EXPANSIONS, create_schedule
 from tinychad.host import simd_bytes
@@ -58,6 +58,16 @@ def test_bounds():
   e = i * 4 + j
   assert (e.lo, e.hi) == (0, 39)
   assert ((e // 4).lo, (e // 4).hi) == (0, 9)
+
+
+@pytest.mark.parametrize("node", [i * 4 + j * 2 + 5, i * 4 + j, i * 3, i, Num(7), i * 2 - 3, (i * 4 + j) // 3 + k])
+@pytest.mark.parametrize("k_", [0, 1, -5, 16])
+def test_a_constant_added_or_told_apart_as_sums_would(node, k_):
+  """An unrolled lane's index is lane 0's plus a constant: plus_constant builds what `+` builds, and
+  constant_difference finds the constant without building the subtraction."""
+  assert plus_constant(node, k_).key == (node + k_).key and plus_constant(node, k_).render() == (node + k_).render()
+  assert constant_difference(node + k_, node) == k_ and constant_difference(plus_constant(node, k_), node) == k_
+  assert constant_difference(node + i * 2, node) is None
 
 
 def _items(lb):

@@ -16,7 +16,7 @@ from tinychad.ops import KernelNode
 from tinychad.codegen.analyze import Kernel, all_invalid
 from tinychad.codegen.emit import Emitter
 from tinychad.codegen.opt import Opts, panel_strides, reduce_size
-from tinychad.codegen.symbolic import Node, Num, Var, to_node
+from tinychad.codegen.symbolic import Node, Num, Var, plus_constant, to_node
 from tinychad.codegen.uops import UOp
 
 Lane = tuple[int, ...]             # the unrolled offset along every dim (0 on dims that aren't upcast)
@@ -98,10 +98,17 @@ class Context:
     """The symbolic (index, validity) of a leaf at one lane."""
     key = (id(node), lane, tail)
     if key not in self.expr_cache:
+      kernel = self.kernel
+      flat = not kernel.walks_reduce_axes(node)
+      top = kernel.views[id(node)]
       if all_invalid(node.arg[1]): self.expr_cache[key] = (Num(0), Num(0))
+      elif len(node.arg[1].views) == 1 and top.mask is None and any(lane):
+        # one view, no mask: the index is linear in each dim's index, and a lane moves each dim by a constant, so
+        # the lane's index is lane 0's plus a constant (the same expression, built once per leaf, not per lane)
+        first, _ = self.leaf_expr(node, (0,) * len(lane), tail)
+        shift = sum(offset * stride for offset, stride, (_, r) in zip(lane, top.strides, kernel.dims) if not (r and flat))
+        self.expr_cache[key] = (plus_constant(first, shift), None)
       else:
-        kernel = self.kernel
-        flat = not kernel.walks_reduce_axes(node)
         idxs = [Num(0) if r and flat else self.dim_index(d, lane[d], tail) for d, (_, r) in enumerate(kernel.dims)]
         index, valid = kernel.tracker(node).expr_idxs(idxs)
         self.expr_cache[key] = (to_node(index), None if valid is None else to_node(valid))

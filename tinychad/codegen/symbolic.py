@@ -311,6 +311,36 @@ def make_and(nodes: list[Node]) -> Node:
   return terms[0] if len(terms) == 1 else And(tuple(terms))
 
 
+def _terms_and_constant(node: Node) -> tuple[tuple, int]:
+  """A node as (the keys of its non-constant terms, its constant): make_sum keeps the constant last."""
+  if isinstance(node, Num): return (), node.value
+  if isinstance(node, Sum):
+    last = node.terms[-1]
+    if isinstance(last, Num): return tuple(t.key for t in node.terms[:-1]), last.value
+    return tuple(t.key for t in node.terms), 0
+  return (node.key,), 0
+
+
+def plus_constant(node: Node, k: int) -> Node:
+  """node + k, as make_sum would build it, with node's terms reused instead of rebuilt one by one (every unrolled
+  lane of a leaf is lane 0's index plus a constant)."""
+  if k == 0: return node
+  if isinstance(node, Num): return Num(node.value + k)
+  terms = node.terms if isinstance(node, Sum) else (node,)
+  constant = k
+  if isinstance(terms[-1], Num): terms, constant = terms[:-1], terms[-1].value + k
+  terms = terms + ((Num(constant),) if constant != 0 else ())
+  return terms[0] if len(terms) == 1 else Sum(terms)
+
+
+def constant_difference(a: Node, b: Node) -> int | None:
+  """a - b when the two differ only in their constant (an unrolled lane's index and lane 0's), else None: the
+  common case of a subtraction without building its expression."""
+  a_terms, a_constant = _terms_and_constant(a)
+  b_terms, b_constant = _terms_and_constant(b)
+  return a_constant - b_constant if a_terms == b_terms else None
+
+
 def fits_int32(nodes: list[Node]) -> bool:
   """True when every sub-expression's range fits a C int (else index math needs 64 bits); for a sum, every
   partial sum in any order: C's int overflow is undefined where a kernel isn't built with -fwrapv."""
@@ -327,4 +357,5 @@ def fits_int32(nodes: list[Node]) -> bool:
   return True
 
 
-__all__ = ["Node", "Num", "Var", "Sum", "Mul", "Div", "Mod", "Lt", "Ge", "And", "to_node", "fits_int32"]
+__all__ = ["Node", "Num", "Var", "Sum", "Mul", "Div", "Mod", "Lt", "Ge", "And", "to_node", "constant_difference", "plus_constant",
+           "fits_int32"]

@@ -19,7 +19,7 @@ from tinychad.ops import OP_INFO, Op, UnaryOps, BinaryOps, TernaryOps, ReduceOps
 from tinychad.codegen.analyze import LEAF_OPS, key_of
 from tinychad.codegen.emit import row_inside
 from tinychad.codegen.context import Context, Lane, Phase, Place, Tail
-from tinychad.codegen.symbolic import Node, Num
+from tinychad.codegen.symbolic import Node, Num, constant_difference
 from tinychad.codegen.uops import UOp, UOps
 
 # transcendental ops on integers compute in float64 and convert back, as numpy does
@@ -31,8 +31,11 @@ def consecutive(exprs: list[tuple[Node, Node | None]]) -> bool:
   first_index, first_valid = exprs[0]
   for i, (index, valid) in enumerate(exprs):
     if key_of(valid) != key_of(first_valid): return False
-    step = index - first_index
-    if not (isinstance(step, Num) and step.value == i): return False
+    step = constant_difference(index, first_index)
+    if step is None:
+      difference = index - first_index
+      step = difference.value if isinstance(difference, Num) else None
+    if step != i: return False
   return True
 
 
