@@ -189,7 +189,9 @@ with ctypes and calls it with the buffers' addresses. `backward()` builds the gr
 same way, and `tolist()` realizes it: its kernels go through stages 4 to 7 too. A kernel that only
 moves rows (a cat, a pad, a slice; `codegen/copy.py`) skips stages 5 to 7: one C function compiled
 once (`runtime/copy.py`) copies for every shape, so a tensor that grows by concatenation compiles
-nothing new at each size. `engine/realize.py` runs a schedule as a prepared launch: its output buffers taken
+nothing new at each size. Kernels whose trees differ only in where their inputs start (an LSTM's time steps, each
+reading its slice of one buffer; `codegen/offsets.py`) share one compiled kernel, called with each input's address
+moved forward by its offset in whole 64-byte steps. `engine/realize.py` runs a schedule as a prepared launch: its output buffers taken
 from the memory pool, a lone kernel called directly, several in one native call (`runtime/threads.py`'s
 KernelList, which also splits each big kernel's parallel loop among the threads). The launch is kept with the graph's schedule, so the next
 realize of a graph of the same shape (the next training step, the next eager `a + b`) skips stages 4 to 7 and runs
