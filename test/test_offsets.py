@@ -9,7 +9,6 @@ import pytest
 from tinychad import Tensor, TinyJit
 from tinychad.codegen import lower_item
 from tinychad.codegen.offsets import SHIFT_ALIGN, split_offsets
-from tinychad.device import Device
 from tinychad.engine import realize
 from tinychad.engine.schedule import create_schedule
 from tinychad.nn import functional as F
@@ -54,9 +53,10 @@ def test_a_plain_read_and_a_gathers_table_stay_where_they_are():
   assert split_offsets(gathered) == (gathered, ())
 
 
-def _count_lowerings(monkeypatch, tmp_path, device: str) -> list[str]:
+def _count_lowerings(monkeypatch, tmp_path, set_noopt, noopt: str = "0") -> list[str]:
+  """The names of the kernels lowered from here on, with NOOPT as given (NOOPT=1 builds each tree plainly)."""
   monkeypatch.setenv("TINYCHAD_CACHE", str(tmp_path))     # no kernel record from an earlier run
-  monkeypatch.setattr(Device[device], "programs", {})
+  set_noopt(noopt)                                        # and no kernel loaded before
   lowered: list[str] = []
   def counted(item, opts=None):
     lowered.append(item.name)
@@ -68,18 +68,19 @@ def _count_lowerings(monkeypatch, tmp_path, device: str) -> list[str]:
 # 40 x 48 (1,920 points: one thread) and 300 x 256 (76,800 points: the thread pool); a step is a multiple of 16 floats
 @pytest.mark.parametrize("device", ["CPU", "LLVM"])
 @pytest.mark.parametrize("shape", [(9, 40, 48), (9, 300, 256)])
-def test_eager_slices_at_each_offset_build_one_kernel(monkeypatch, tmp_path, device, shape):
-  lowered = _count_lowerings(monkeypatch, tmp_path, device)
+@pytest.mark.parametrize("noopt", ["0", "1"])
+def test_eager_slices_at_each_offset_build_one_kernel(monkeypatch, tmp_path, set_noopt, device, shape, noopt):
+  lowered = _count_lowerings(monkeypatch, tmp_path, set_noopt, noopt)
   x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
   xt = Tensor(x, device=device).realize()
   for t in range(shape[0]):
     np.testing.assert_allclose((xt[t] * 2 + 1).numpy(), x[t] * 2 + 1, rtol=1e-6)
-  assert lowered == [f"E_{shape[1]}_{shape[2]}"]
+  assert lowered == [f"E_{shape[1]}_{shape[2]}"] * (shape[0] if noopt == "1" else 1)
 
 
 @pytest.mark.parametrize("device", ["CPU", "LLVM"])
-def test_shifted_kernels_in_one_launch_and_in_a_replay(monkeypatch, tmp_path, device):
-  lowered = _count_lowerings(monkeypatch, tmp_path, device)
+def test_shifted_kernels_in_one_launch_and_in_a_replay(monkeypatch, tmp_path, set_noopt, device):
+  lowered = _count_lowerings(monkeypatch, tmp_path, set_noopt)
   rng = np.random.default_rng(1)
   x = rng.standard_normal((6, 40, 48)).astype(np.float32)
   xt = Tensor(x, device=device).realize()
