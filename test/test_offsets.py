@@ -2,7 +2,8 @@
 
 in: slices of one realized buffer at several offsets, computed eagerly, in one realize, and under TinyJit
 out: pass when the shifted trees are equal exactly when the offsets agree modulo 64 bytes, the output and a gather's
-     table are never shifted, every slice's result matches numpy, and the slices build one kernel between them.
+     table are never shifted, every slice's result matches numpy, and the slices build one kernel between them (with
+     NOOPT=1, which builds every tree plainly, one each).
 """
 import numpy as np
 import pytest
