@@ -131,6 +131,24 @@ def test_llvm_search_runs(monkeypatch, tmp_path):
   assert list(tmp_path.glob("*.beam.json")), "no search ran"
 
 
+def test_beam_leaves_kernels_with_lowerings_of_their_own_alone(monkeypatch, tmp_path):
+  """A scatter-add (an embedding's gradient) and a flash attention take no opts: BEAM searches the other kernels
+  of the step and builds these as they are."""
+  import torch
+  from tinychad.nn import functional as F
+  monkeypatch.setenv("BEAM", "1")
+  table, idx = _floats(16, 8), np.array([[1, 3, 3, 0]])
+  q, k, v = (_floats(1, 2, 4, 8) for _ in range(3))
+  weights = Tensor(table, device="CPU", requires_grad=True)
+  looked_up = F.embedding(Tensor(idx, device="CPU"), weights)
+  out = F.scaled_dot_product_attention(*(Tensor(x, device="CPU") for x in (q, k, v)), is_causal=True)
+  (looked_up.sum() + out.sum()).backward()
+  expected = torch.nn.functional.scaled_dot_product_attention(*(torch.tensor(x) for x in (q, k, v)), is_causal=True)
+  np.testing.assert_allclose(out.numpy(), expected.numpy(), rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(weights.grad.numpy(), np.bincount(idx[0], minlength=16)[:, None] * np.ones((1, 8)))
+  assert list(tmp_path.glob("*.beam.json")), "no search ran"
+
+
 SECOND_RUN = """
 import numpy as np
 from tinychad import Tensor

@@ -296,6 +296,8 @@ def _summary(result: SearchResult) -> str:
 
 
 def search_item(item) -> opt.Opts | None:
-  """search_opts for a ScheduleItem on its output's device; None where nothing is compiled (NUMPY)."""
+  """search_opts for a ScheduleItem on its output's device; None where nothing is compiled (NUMPY) and for the
+  kernels with lowerings of their own, which take no opts (a scatter-add, a flash attention: not a STORE tree)."""
   device = Device[item.output.device]
-  return search_opts(item.ast, item.name, device.name) if isinstance(device, Compiled) else None
+  if not isinstance(device, Compiled) or item.ast.op is not BufferOps.STORE: return None
+  return search_opts(item.ast, item.name, device.name)
