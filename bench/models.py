@@ -20,8 +20,9 @@ happened to run during a slow minute.
 --parallel prepares the variants at once (a busy machine; the timed calls still take turns); --quick: small
 models and 2 rounds (its smoke test: test/test_bench_models.py). tinygrad runs the ResNet-18 rows and the GPT training
 row through bench/tinygrad_port.py (the few torch.nn classes tinygrad 0.14 lacks, written as a porting user would),
-under its TinyJit (its best, as the last column compares tinychad's best), and the tiny-ops row eagerly; the LSTM and ViT use layers it has no counterpart for (LSTM, TransformerEncoderLayer), and its
-generation compiles new kernels at every token: each row says why.
+under its TinyJit (its best, as the last column compares tinychad's best), and the tiny-ops row eagerly; the LSTM
+and ViT use layers it has no counterpart for (LSTM, TransformerEncoderLayer), and its generation compiles new kernels
+at every token: each row says why.
 """
 from __future__ import annotations
 import argparse

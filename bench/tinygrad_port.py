@@ -7,8 +7,9 @@ out: `library()`, the same namespace bench/models.py's `library(name)` gives for
      Sequential, ModuleList, MaxPool2d, AdaptiveAvgPool2d to 1x1, GELU, relu, cross_entropy. tinygrad has no LSTM
      (LSTMCell only) and no TransformerEncoderLayer, so the LSTM and ViT rows stay unported.
 bench/models.py runs these under tinygrad's TinyJit. tinygrad trains where its TRAINING variable is set (its BatchNorm
-updates running statistics, as torch's train mode does): `train()` sets it, `eval()` clears it. Its GELU is the tanh approximation where torch's default is exact: the
-same work per element, so a timing is still like for like (only tinychad's outputs are checked against torch).
+updates running statistics, as torch's train mode does): `train()` sets it, `eval()` clears it. Its GELU is the tanh
+approximation where torch's default is exact: the same work per element, so a timing is still like for like (only
+tinychad's outputs are checked against torch).
 """
 from __future__ import annotations
 import contextlib

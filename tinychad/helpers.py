@@ -29,9 +29,9 @@ def getenv(key: str, default=0):
 
 class EnvFlags:
   """Integer flags read on every realize (DEBUG, GRAPH and PORT together; NOOPT for the schedule's key): `any()` says
-  whether one of them is nonzero, as any(getenv(key, 0) ...) would. The keys are encoded once, and none of them set (the usual case) costs a
-  membership test each: a call of getenv per flag, or a set operation on the environment's keys, costs two to three
-  times as much, on every op an eager model runs."""
+  whether one of them is nonzero, as any(getenv(key, 0) ...) would. The keys are encoded once, and none of them set
+  (the usual case) costs a membership test each: a call of getenv per flag, or a set operation on the environment's
+  keys, costs two to three times as much, on every op an eager model runs."""
   __slots__ = ("keys", "encoded")
 
   def __init__(self, *keys: str):
