@@ -79,3 +79,17 @@ def test_split_lanes_hands_each_load_its_split_view(monkeypatch):
   (panels,) = [p for _, _, p in seen if p is not None]
   # w's elements in (panel, reduce, lane) order, its broadcast row axis kept once
   assert panels.order == (0, 1, 3, 2) and panels.kept.shape == (1, n // P, P, k)
+
+
+def test_one_operand_packed_alike_for_two_kernels_is_copied_once():
+  # an LSTM's gate gradients y, transposed for W_ih's gradient and for W_hh's, in kernels that order their axes
+  # differently (a matmul, and a broadcast multiply summed over its middle axis): one copy serves both
+  k, m, n = COLUMN_PACK_MIN_STEPS, TRANSPOSED_PACK_MIN_REUSE, 2 * P
+  y, x1, x2 = Tensor.rand(k, m).realize(), Tensor.rand(k, n).realize(), Tensor.rand(k, n).realize()
+  a, b = y.T @ x1, (y.T.reshape(m, k, 1) * x2.reshape(1, k, n)).sum(1)
+  items = create_schedule([a.lazydata, b.lazydata])
+  copies = [it for it in items if it.inputs == (y.lazydata.base,)]
+  assert len(copies) == 1 and len(items) == 3
+  Tensor.realize(a, b)
+  np.testing.assert_allclose(a.numpy(), y.numpy().T @ x1.numpy(), rtol=1e-5, atol=1e-4)
+  np.testing.assert_allclose(b.numpy(), y.numpy().T @ x2.numpy(), rtol=1e-5, atol=1e-4)

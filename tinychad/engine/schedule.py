@@ -52,7 +52,8 @@ Kernels are scheduled in the graph's order, sources first. After fusion, a kerne
 shape (codegen/refine.py: a load that reads a reshape its layout can't express becomes one view, a
 matmul's operand with merged heads included), and a reduce kernel may read some operands from
 panels that a kernel of their own packs first (codegen/pack.py decides which and rewrites the kernel;
-the scheduler makes the panel copies; off with NOOPT=1).
+the scheduler makes the panel copies, one per operand and layout whatever the kernels reading it; off
+with NOOPT=1).
 """
 from __future__ import annotations
 from dataclasses import dataclass, field
@@ -219,7 +220,7 @@ class _Scheduler:
     self.forced: set[LazyBuffer] = set()     # bases a kernel loads although the rules inline them
     self.inlined: set[LazyBuffer] = set()    # bases some kernel built so far computes inline
     self.forced_late = False                 # a base was forced after a kernel had inlined it
-    self.packed: dict[tuple[LazyBuffer, ShapeTracker], LazyBuffer] = {}   # (operand, its view) -> its panels
+    self.packed: dict[tuple[LazyBuffer, tuple], LazyBuffer] = {}   # (operand, its panels' _layout) -> its panels
     # every base to compute, sources before the bases that read them (subgraphs built)
     self.order = expand_subgraphs(outs)
     self.uses: dict[LazyBuffer, int] = {}    # how many graph edges read each base
@@ -405,7 +406,7 @@ class _KernelBuilder:
     def relink(load: KernelNode, st: ShapeTracker, panels: Panels | None) -> KernelNode:
       base = old_inputs[load.arg[0] - 1]
       if panels is None: return self.load(base, st)
-      key = (base, panels.kept)
+      key = (base, _layout(panels.kept.permute(panels.order)))
       if key not in packed:
         packed[key] = LazyBuffer(base.device, panels.kept, base.dtype, base=base).permute(panels.order).contiguous()
       # base itself (reshaped) when it already holds its elements in panel order: then nothing is copied
@@ -498,6 +499,14 @@ def _row_reduce_fits(reduce: LazyBuffer, shape: tuple[int, ...]) -> bool:
   if full != shape or not axes or axes != tuple(range(len(full) - len(axes), len(full))): return False
   row = prod(full[a] for a in axes)
   return 1 < row <= ROW_REDUCE_MAX_ELEMENTS and prod(full) // row >= ROW_REDUCE_MIN_ROWS
+
+
+def _layout(st: ShapeTracker) -> tuple:
+  """Which elements a copy through `st` (one view, no mask) writes in which order: its offset and its axes longer
+  than 1. Two kernels' panels of one operand alike in this are one buffer (an LSTM's gate gradients, transposed
+  for the gradients of W_ih and of W_hh, whose kernels order their axes differently)."""
+  view = st.views[0]
+  return view.offset, tuple((size, stride) for size, stride in zip(view.shape, view.strides) if size != 1)
 
 
 def _plain(st: ShapeTracker, base: LazyBuffer) -> bool:
