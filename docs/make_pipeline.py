@@ -160,7 +160,9 @@ movement ops such as the final reshape and the broadcast of the constant 0 make 
 only by the MAX and the MAX only by the SUM, so all three fuse into one kernel that reads `a` and `b`
 once and writes one number (the fusion rules: `tinychad/engine/schedule.py`'s docstring). A
 kernel is a tree: loads (buffer number, view) and constants at the leaves, at most one reduce, a store
-at the root. Its name says what it is: `r_` a reduce, then the sizes of its loops.
+at the root. Its name says what it is: `r_` a reduce, then the sizes of its loops. Not every item is a
+kernel: a cat whose pieces each fill a stretch of it is only a buffer (an `EMPTY` item), which each
+piece's kernel writes its part of (the item's `into`), so stacking an LSTM's time steps copies nothing.
 
 <<snippet:schedule>>
 

@@ -76,3 +76,18 @@ def test_a_kernel_library_costs_the_process_few_memory_mappings():
   lib = compile_c(f"float tc_mapping_probe(float x) {{ return x * {time.time_ns() % 1000003}.0f; }}\n", "probe")
   with open("/proc/self/maps") as f: mappings = [line for line in f if lib._name in line]
   assert 1 <= len(mappings) <= 3, mappings
+
+
+def test_a_buffer_view_shares_its_buffers_memory():
+  from tinychad.device import Buffer, BufferView
+  from tinychad.dtype import dtypes
+  buf = Buffer("CPU", 10, dtypes.float32).copyin(np.arange(10, dtype=np.float32))
+  view = BufferView(buf, 4, 3)
+  inner = BufferView(view, 1, 2)     # a view of a view is a view of the buffer
+  assert inner.view_of is buf and inner.view_offset == 5 * 4 and inner.address == buf.address + 20
+  inner.copyin(np.array([-1, -2], dtype=np.float32))
+  np.testing.assert_array_equal(buf.as_numpy(), [0, 1, 2, 3, 4, -1, -2, 7, 8, 9])
+  np.testing.assert_array_equal(view.as_numpy(), [4, -1, -2])
+  with pytest.raises(ValueError, match=r"elements \[8, 11\) of a buffer of 10"): BufferView(buf, 8, 3)
+  del buf, view
+  np.testing.assert_array_equal(inner.as_numpy(), [-1, -2])    # the view keeps the memory alive

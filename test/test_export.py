@@ -120,3 +120,14 @@ def test_streaming_stores_export(tmp_path, monkeypatch, set_noopt, flags):
   assert ("tc_stream_" in source) == (simd_bytes() >= 32)
   printed = _build(source, tmp_path, flags=flags)
   np.testing.assert_allclose(np.array(printed.split(), dtype=np.float32).reshape(16, 64), out.numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_a_cat_written_in_place_exports(tmp_path):
+  # 20 pieces: two levels of cats (function.cat's groups), each piece a pointer into the one array they fill
+  rng = np.random.default_rng(2)
+  rows = [Tensor(rng.standard_normal((1, 16), dtype=np.float32)) for _ in range(20)]
+  out = Tensor.cat(*[(r * 2).exp() for r in rows], dim=0)
+  source = export_c(out)
+  assert source.count("* const buf") == 20 + 4
+  printed = _build(source, tmp_path)
+  np.testing.assert_allclose(np.array(printed.split(), dtype=np.float32).reshape(20, 16), out.numpy(), rtol=1e-6)

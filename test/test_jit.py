@@ -329,3 +329,69 @@ def test_a_host_step_writing_a_weight_in_place_outside_the_call_reruns_the_const
       run_on_host("double", double, [conv.weight.lazydata.base.realized])
     x = Tensor.randn(2, 3, 6, 6).realize()
     np.testing.assert_allclose(jitted(x).numpy(), forward(x).numpy(), rtol=1e-5, atol=1e-5)
+
+
+def _halves(x):
+  """x's rows doubled and x's rows plus one, stacked: a cat whose two pieces are written into its buffer."""
+  return (x * 2).reshape(1, 64).cat((x + 1).reshape(1, 64), dim=0)
+
+
+@pytest.mark.parametrize("debug", ["0", "2"])
+def test_a_cat_written_in_place_replays_into_new_buffers(monkeypatch, debug):
+  # the cat returned (a new buffer at each replay, its pieces' kernels moved along), a piece returned (a view of a
+  # cat realized in the call), and a kernel reading the cat
+  def fn(x):
+    stacked = _halves(x)
+    first = (x * 3).reshape(1, 64)
+    both = first.cat((x - 1).reshape(1, 64), dim=0).realize()
+    return stacked, first, both.sum(0) + stacked.sum(0)
+  def want(x):
+    stacked = np.concatenate([x.reshape(1, 64) * 2, x.reshape(1, 64) + 1])
+    both = np.concatenate([x.reshape(1, 64) * 3, x.reshape(1, 64) - 1])
+    return stacked, x.reshape(1, 64) * 3, both.sum(0) + stacked.sum(0)
+  jitted = TinyJit(fn)
+  monkeypatch.setenv("DEBUG", debug)
+  kept = []
+  for _ in range(5):
+    x = Tensor.randn(4, 16).realize()
+    outs = jitted(x)
+    kept.append((x.numpy(), outs))
+    for got, expected in zip(outs, want(x.numpy())):
+      np.testing.assert_allclose(got.numpy(), expected, rtol=1e-5, atol=1e-5)
+  # the cat the recorded call returned was written there (through its pieces), so it is no buffer from outside
+  assert id(kept[1][1][0].lazydata.base.realized) not in jitted.recording.external
+  # each replay's outputs are its own: a later one wrote none of an earlier one's
+  for x, outs in kept:
+    for got, expected in zip(outs, want(x)): np.testing.assert_allclose(got.numpy(), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_a_piece_of_a_cat_is_an_input_like_any_other():
+  jitted = TinyJit(lambda x: (x * 3).realize())
+  for _ in range(4):
+    stacked = _halves(Tensor.randn(4, 16).realize()).realize()
+    second = stacked[1:]        # a view of the cat, whose buffer holds both pieces
+    piece = (Tensor.randn(4, 16).realize() * 2).reshape(1, 64)
+    Tensor.cat(piece, (piece + 1), dim=0).realize()    # piece: a view into that cat's buffer
+    np.testing.assert_allclose(jitted(second).numpy(), stacked.numpy()[1:] * 3, rtol=1e-6)
+    np.testing.assert_allclose(jitted(piece).numpy(), piece.numpy() * 3, rtol=1e-6)
+
+
+def test_inference_replay_skips_the_pieces_of_a_cat_of_unchanged_weights():
+  # the cat of two weights' transforms reads only weights: its pieces' kernels are constant, skipped by a replay
+  # while the weights are the same, and run again once one is assigned outside
+  from tinychad import no_grad
+  w1, w2 = Tensor.randn(1, 64).realize(), Tensor.randn(1, 64).realize()
+  def forward(x):
+    with no_grad(): return (x @ w1.exp().cat(w2.exp(), dim=0)).realize()
+  jitted = TinyJit(forward)
+  for i in range(5):
+    if i == 3: w1.assign(w1 * 2).realize()
+    x = Tensor.randn(3, 2).realize()
+    want = x.numpy() @ np.exp(np.concatenate([w1.numpy(), w2.numpy()]))
+    np.testing.assert_allclose(jitted(x).numpy(), want, rtol=1e-5, atol=1e-5)
+  assert len(jitted.recording.constant) >= 2     # the pieces' kernels, at least
+  # returned, the cat is a new buffer at each replay: its pieces' kernels run every time
+  returned = TinyJit(lambda x: (w1.exp().cat(w2.exp(), dim=0).realize(), (x * 2).realize()))
+  for _ in range(4):
+    got, _ = returned(Tensor.randn(3, 2).realize())
+    np.testing.assert_allclose(got.numpy(), np.exp(np.concatenate([w1.numpy(), w2.numpy()])), rtol=1e-6)

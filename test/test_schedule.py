@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from tinychad import Tensor, GlobalCounters
 from tinychad.engine import schedule
-from tinychad.engine.schedule import MAX_FUSED_DEPTH
+from tinychad.engine.schedule import MAX_FUSED_DEPTH, create_schedule
 from tinychad.function import cat
 from tinychad.lazy import LazyBuffer
 from tinychad.ops import BinaryOps, LoadOps, ReduceOps, TernaryOps, UnaryOps
@@ -534,3 +534,94 @@ def test_kernels_do_not_depend_on_the_order_of_the_outputs():
     scheduler.schedule()
     bias_grads = [item.ast.pretty() for item in scheduler.items if item.output.size == 32]
     assert bias_grads and not any("DIV" in text for text in bias_grads), bias_grads
+
+
+# ---- a cat's pieces written in place (_Scheduler.cats_in_place) ----
+def _stacked(*pieces: Tensor) -> Tensor:
+  """The pieces (1, ...) one after another along axis 0: each fills one contiguous stretch of the cat."""
+  return pieces[0].cat(*pieces[1:], dim=0)
+
+
+def _in_place(items: list) -> tuple[list, list]:
+  """(the cats' buffers, the pieces written into them) of a schedule."""
+  return [it for it in items if it.ast.op is LoadOps.EMPTY], [it for it in items if it.into is not None]
+
+
+@pytest.mark.parametrize("device", ["NUMPY", "CPU", "LLVM"])
+def test_a_cats_pieces_are_written_into_its_buffer(device):
+  from tinychad.device import BufferView
+  a, b = Tensor.randn(4, 16, device=device).realize(), Tensor.randn(4, 16, device=device).realize()
+  x, y = (a * 2).reshape(1, 64), (b.exp() + 1).reshape(1, 64)
+  out = _stacked(x, y)
+  items = out.schedule()
+  cats, pieces = _in_place(items)
+  # the cat is a buffer and no kernel; each piece's kernel writes its stretch of it
+  assert len(items) == 3 and [it.output for it in cats] == [out.lazydata.base]
+  assert [it.into for it in pieces] == [(out.lazydata.base, 0), (out.lazydata.base, 64)]
+  want = np.concatenate([a.numpy().reshape(1, 64) * 2, np.exp(b.numpy()).reshape(1, 64) + 1])
+  np.testing.assert_allclose(out.numpy(), want, rtol=1e-6)
+  views = [x.lazydata.base.realized, y.lazydata.base.realized]
+  assert all(isinstance(v, BufferView) and v.view_of is out.lazydata.base.realized for v in views)
+  assert [v.view_offset for v in views] == [0, 64 * 4]
+  np.testing.assert_allclose(y.numpy(), want[1:], rtol=1e-6)   # a piece reads as itself
+  # the same graph again runs its prepared launch: new values, the same places
+  c = Tensor.randn(4, 16, device=device).realize()
+  again = _stacked((c * 2).reshape(1, 64), (b.exp() + 1).reshape(1, 64))
+  np.testing.assert_allclose(again.numpy(), np.concatenate([c.numpy().reshape(1, 64) * 2, want[1:]]), rtol=1e-6)
+
+
+def test_a_cat_of_many_pieces_nests_its_groups_in_place():
+  # function.cat groups more than CAT_MAX_PIECES pieces: each group is a piece of the whole, written in place too
+  pieces = [Tensor.randn(1, 16).realize() for _ in range(40)]
+  out = _stacked(*[(p * 3).relu() for p in pieces])
+  items = out.schedule()
+  cats, written = _in_place(items)
+  assert len(cats) == 1 + math.ceil(40 / (math.isqrt(39) + 1)) and len(written) == 40 + len(cats) - 1
+  assert sum(1 for it in items if it.is_kernel) == 40
+  np.testing.assert_allclose(out.numpy(), np.maximum(np.concatenate([p.numpy() for p in pieces]) * 3, 0), rtol=1e-6)
+
+
+def test_a_cat_read_by_two_kernels_is_loaded_not_recomputed():
+  # a cat of few pieces is cheap: the rules would have each reader add its pieces' masked loads; in place, they load it
+  a, b = rand(1, 32), rand(1, 32)
+  both = _stacked(a.exp(), b.exp())
+  s, m = both.sum(1), both.max(1)
+  items = create_schedule([s.lazydata, m.lazydata])
+  assert len(_in_place(items)[1]) == 2 and sum(1 for it in items if it.is_kernel) == 4
+  Tensor.realize(s, m)
+  want = np.exp(np.concatenate([a.numpy(), b.numpy()]))
+  np.testing.assert_allclose(s.numpy(), want.sum(1), rtol=1e-5)
+  np.testing.assert_allclose(m.numpy(), want.max(1), rtol=1e-6)
+
+
+def test_booleans_cat_in_place():
+  a, b = rand(1, 64), rand(1, 64)
+  out = _stacked(a > 0, b < 0)
+  assert len(_in_place(out.schedule())[1]) == 2
+  np.testing.assert_array_equal(out.numpy(), np.concatenate([a.numpy() > 0, b.numpy() < 0]))
+
+
+def test_cats_that_stay_kernels(set_noopt):
+  from tinychad.engine.schedule_cache import CatsInPlace
+  a, b = rand(2, 16), rand(2, 16)
+  def check(out: Tensor, want: np.ndarray) -> None:
+    items = out.schedule()
+    assert _in_place(items) == ([], []) and len(items) == 3, [it.name for it in items]
+    np.testing.assert_allclose(out.numpy(), want, rtol=1e-6)
+  # along an inner axis, each piece's stretch is cut in rows
+  check((a * 2).cat(b * 2, dim=1), np.concatenate([a.numpy(), b.numpy()], 1) * 2)
+  # a piece's end that isn't PIECE_ALIGN_BYTES-aligned: vectorized stores assume aligned buffers
+  c = rand(1, 3)
+  check(_stacked((c * 2), (c * 3)), np.concatenate([c.numpy() * 2, c.numpy() * 3]))
+  # a piece padded with zeros inside its stretch fills it only in part
+  check(_stacked((a * 2)[:1].pad(((0, 0), (0, 16))), (b * 2).reshape(1, 32)),
+        np.concatenate([np.pad(a.numpy()[:1] * 2, ((0, 0), (0, 16))), b.numpy().reshape(1, 32) * 2]))
+  # a piece computed before: written nowhere now (a copy would cost what the cat's kernel does)
+  d = (a * 2).reshape(1, 32).realize()
+  items = _stacked(d, (b * 2).reshape(1, 32)).schedule()
+  assert _in_place(items) == ([], []) and len(items) == 2
+  # export's capture (CatsInPlace.off) and NOOPT=1 (the plain path)
+  rows = np.concatenate([a.numpy(), b.numpy()]).reshape(2, 32)
+  with CatsInPlace.off(): check(_stacked((a * 4).reshape(1, 32), (b * 4).reshape(1, 32)), rows * 4)
+  set_noopt("1")
+  check(_stacked((a * 5).reshape(1, 32), (b * 5).reshape(1, 32)), rows * 5)

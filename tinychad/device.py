@@ -145,6 +145,9 @@ class Buffer:
   """`size` elements of `dtype` in host memory for `device` (64-byte aligned, from the pool)."""
   # made and freed once per kernel an eager step runs: slots make both quicker
   __slots__ = ("device", "size", "dtype", "nbytes", "address", "_as_parameter_", "_memory", "_data", "_allocator")
+  # a BufferView's buffer and where in it the view starts (bytes); a Buffer is its own memory
+  view_of: Buffer | None = None
+  view_offset = 0
 
   def __init__(self, device: str, size: int, dtype: DType):
     self.device, self.size, self.dtype = device, size, dtype
@@ -190,6 +193,34 @@ class Buffer:
     if self.device in DEVICE_MEMORY: return Device[self.device].allocator.copyout(self.allocate()._memory, self.size, self.dtype.np)
     # the pool's block may be a little bigger than the buffer (its size class)
     if self._data is None: self._data = self.allocate()._memory[:self.nbytes].view(self.dtype.np)
+    return self._data
+
+
+class BufferView(Buffer):
+  """`size` elements of another buffer's memory from byte `view_offset` on, on a host device: a cat's piece that its
+  kernel writes straight into the cat's buffer (engine/schedule.py). The view keeps that buffer alive and frees
+  nothing; a view of a view is a view of the first buffer."""
+  __slots__ = ("view_of", "view_offset")
+
+  def __init__(self, buffer: Buffer, offset: int, size: int):
+    super().__init__(buffer.device, size, buffer.dtype)
+    if buffer.device in DEVICE_MEMORY: raise ValueError(f"a view of a {buffer.device} buffer: views are of host memory")
+    if offset < 0 or offset + size > buffer.size:
+      raise ValueError(f"a view of elements [{offset}, {offset + size}) of a buffer of {buffer.size}")
+    self.view_of = buffer.view_of or buffer
+    self.view_offset = buffer.view_offset + offset * buffer.dtype.itemsize
+    self.address = self.view_of.allocate().address + self.view_offset
+    self._as_parameter_ = ctypes.c_void_p(self.address)
+
+  def __repr__(self) -> str:
+    return f"<BufferView {self.device} {self.size} {self.dtype.name} at byte {self.view_offset}>"
+  def __del__(self): pass
+  def allocate(self) -> Buffer: return self
+
+  def as_numpy(self) -> np.ndarray:
+    if self._data is None:
+      start = self.view_offset // self.dtype.itemsize
+      self._data = self.view_of.as_numpy()[start:start + self.size]
     return self._data
 
 

@@ -23,6 +23,8 @@ inference: the channels-last copies a convolution makes of its weight), directly
 kernels, wrote the same values on the last run, so a replay skips it while those buffers are the same
 ones (a tensor assigned outside the call since rebinds them: the next replay runs them again) and no host step
 (engine/realize.py's run_on_host: a broadcast, an all-reduce) has written a buffer in place since.
+Views: a cat's piece is written into the cat's buffer (device.BufferView): a step writing a view writes its
+buffer, and a buffer a replay replaces (a new output) takes its views along, each moved by its offset.
 """
 from __future__ import annotations
 import functools
@@ -30,7 +32,7 @@ import time
 import types
 import weakref
 from typing import Any, Callable
-from tinychad.device import Buffer, Device
+from tinychad.device import Buffer, BufferView, Device
 from tinychad.engine.realize import HostCall, HostWrites, call_on_host, capture, loaded_program, realize, run_kernel
 from tinychad.helpers import DEBUG
 from tinychad.lazy import LazyBuffer
@@ -196,7 +198,7 @@ class TinyJit:
     recording.assigned_after = [(t, t.lazydata.base.realized, t.lazydata.base.shape, t.lazydata.st) for t, _ in recording.assigned.values()]
     recording.structure = out
     # buffers the recording reads but did not write: tensors assigned later (outside) rebind them
-    written = {id(bufs[0]) for _, bufs in recording.steps}
+    written = {id(bufs[0]) for _, bufs in recording.steps} | {id(_root(bufs[0])) for _, bufs in recording.steps}
     recording.external = {id(b) for _, bufs in recording.steps for b in bufs[1:] if id(b) not in written}
     _find_constant_steps(recording)
     self.recording = recording
@@ -210,8 +212,8 @@ class TinyJit:
     for tensor, before in rec.assigned.values(): swap[id(before)] = tensor.lazydata.base.realized
     for old_id, tensor in rec.rebound.items(): swap[old_id] = tensor.realize().lazydata.base.realized
     fresh: dict[int, Buffer] = {}
-    for _, buf, _, _ in rec.outputs: fresh[id(buf)] = Buffer(buf.device, buf.size, buf.dtype).allocate()
-    for _, after, _, _ in rec.assigned_after: fresh[id(after)] = Buffer(after.device, after.size, after.dtype).allocate()
+    for _, buf, _, _ in rec.outputs: _renew(buf, fresh)
+    for _, after, _, _ in rec.assigned_after: _renew(after, fresh)
     swap.update(fresh)
     for buf, redraw in rec.random: swap[id(buf)] = Buffer(buf.device, buf.size, buf.dtype).copyin(redraw())
     constant_key = tuple(swap.get(id(b), b) for b in rec.constant_reads)
@@ -249,7 +251,11 @@ def _plan(steps: list) -> tuple[list, dict[int, list[tuple[KernelList, int, int]
                           for item, bufs, k in pending])
     for (_, bufs, k), start in zip(pending, kernels.starts):
       for i, b in enumerate(bufs):
-        slots.setdefault(id(b), []).append((kernels, start + i, k.shifts[i] if i < len(k.shifts) else 0))
+        shift = k.shifts[i] if i < len(k.shifts) else 0
+        slots.setdefault(id(b), []).append((kernels, start + i, shift))
+        # a view's slot follows its buffer too, should a replay replace that one
+        if b.view_of is not None:
+          slots.setdefault(id(b.view_of), []).append((kernels, start + i, shift + b.view_offset))
     plan.append((kernels, [(item, bufs) for item, bufs, _ in pending]))   # the steps: if the pool can't start
     pending.clear()
 
@@ -270,7 +276,7 @@ def _plan(steps: list) -> tuple[list, dict[int, list[tuple[KernelList, int, int]
 def _run_steps(steps: list, swap: dict[int, Buffer], timed: bool = False) -> None:
   """Recorded steps one by one on the replay's buffers (DEBUG>=2 prints each kernel's time)."""
   for item, bufs in steps:
-    mapped = [swap.get(id(b), b) for b in bufs]
+    mapped = [_swapped(b, swap) for b in bufs]
     if item is None:
       mapped[0].copyin(mapped[1].as_numpy())
       continue
@@ -282,18 +288,41 @@ def _run_steps(steps: list, swap: dict[int, Buffer], timed: bool = False) -> Non
     if timed: print(f"  replay {item.name:30s} {item.output.device:6s} {(time.perf_counter() - start) * 1e6:9.1f} us")
 
 
+def _root(buf: Buffer) -> Buffer:
+  """The buffer whose memory `buf` is: itself, or what a view is of."""
+  return buf.view_of or buf
+
+
+def _renew(buf: Buffer, fresh: dict[int, Buffer]) -> None:
+  """A new buffer for a replay's output `buf`, into `fresh`: for a view, a new one of what it is of, and a view."""
+  root = _root(buf)
+  if id(root) not in fresh: fresh[id(root)] = Buffer(root.device, root.size, root.dtype).allocate()
+  if root is not buf: fresh[id(buf)] = BufferView(fresh[id(root)], buf.view_offset // buf.dtype.itemsize, buf.size)
+
+
+def _swapped(buf: Buffer, swap: dict[int, Buffer]) -> Buffer:
+  """What a replay runs in place of a recorded buffer: its replacement, a view of its buffer's, or itself."""
+  new = swap.get(id(buf))
+  if new is not None: return new
+  root = buf.view_of
+  if root is None or id(root) not in swap: return buf
+  return BufferView(swap[id(root)], buf.view_offset // buf.dtype.itemsize, buf.size)
+
+
 def _find_constant_steps(rec: _Recording) -> None:
   """Mark the steps whose every input is an external buffer or a constant step's output (not an input, an
   assigned tensor, a random draw, nor what a host step writes), writing no output of the call."""
   varying = {id(b) for b in rec.inputs} | {id(before) for _, before in rec.assigned.values()}
   varying |= {id(b) for b, _ in rec.random}
-  fresh = {id(buf) for _, buf, _, _ in rec.outputs} | {id(after) for _, after, _, _ in rec.assigned_after}
+  fresh = {id(_root(buf)) for _, buf, _, _ in rec.outputs} | {id(_root(after)) for _, after, _, _ in rec.assigned_after}
   host_written = {id(bufs[0]) for item, bufs in rec.steps if isinstance(item, HostCall)}
   reads: dict[int, Buffer] = {}
   for index, (item, bufs) in enumerate(rec.steps):
     out, ins = bufs[0], bufs[1:]
-    if isinstance(item, HostCall) or id(out) in fresh or id(out) in host_written or any(id(b) in varying for b in ins):
-      varying.add(id(out))
+    written_anew = id(_root(out)) in fresh or id(out) in host_written
+    if isinstance(item, HostCall) or written_anew or any(id(b) in varying for b in ins):
+      # a view written varies its buffer: a cat of a varying piece varies
+      varying.update((id(out), id(_root(out))))
       continue
     rec.constant.add(index)
     reads.update((id(b), b) for b in ins if id(b) in rec.external)

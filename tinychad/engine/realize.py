@@ -1,7 +1,8 @@
 """Realize: the one place a schedule runs.
 
 in: the LazyBuffers to compute (realize), or a schedule of ScheduleItems (run_schedule)
-out: each item's output base realized (a Buffer), the kernels counted in GlobalCounters.
+out: each item's output base realized (a Buffer; a cat's piece a view of its cat's, engine/schedule.py), the kernels
+     counted in GlobalCounters.
 For each kernel whose program its device hasn't loaded yet:
   lower (codegen.lower_item, with BEAM search's opts when BEAM>=1: engine/search.py)
   -> render (the device's renderer) -> compile (the device's compiler, through the kernel cache:
@@ -37,7 +38,7 @@ from tinychad.codegen import Program, lower_item
 from tinychad.codegen.copy import copy_plan
 from tinychad.codegen.gpu import lower_gpu
 from tinychad.codegen.offsets import split_offsets
-from tinychad.device import DEVICE_MEMORY, Buffer, Device
+from tinychad.device import DEVICE_MEMORY, Buffer, BufferView, Device
 from tinychad.engine.schedule import ScheduleItem, schedule_graph
 from tinychad.engine.schedule_cache import Template, graph_key, lookup
 from tinychad.helpers import DEBUG, EnvFlags, GlobalCounters, getenv
@@ -144,7 +145,9 @@ def run_schedule(items: list[ScheduleItem]) -> None:
   building = 0.0
   for index, item in enumerate(items):
     out, ast = item.output, item.ast
-    buf = Buffer(out.device, out.size, out.dtype).allocate()
+    # a cat's piece is a view of the cat's buffer, which an earlier item allocated
+    buf = Buffer(out.device, out.size, out.dtype).allocate() if item.into is None else \
+      BufferView(item.into[0].realized, item.into[1], out.size)
     if ast.op is LoadOps.COPY:
       buf.copyin(item.inputs[0].realized.as_numpy())
       for steps in _captures: steps.append((None, [buf, item.inputs[0].realized]))
@@ -181,8 +184,9 @@ class Launch:
   """A remembered schedule (schedule_cache.Template) prepared to run again without ScheduleItems, kernel lookups
   or thread decisions: per item, where its output goes (a position in the graph's nodes, or -1-i for the i'th
   buffer the scheduler made), the output buffer's (device, size, dtype), the inputs' places, a call that runs the
-  loaded kernel on the buffers (None: the item only allocates, as EMPTY or an empty output does), and how many
-  constant arguments its kernel takes after the buffers (a generic copy's one); `totals` is the
+  loaded kernel on the buffers (None: the item only allocates, as EMPTY or an empty output does), how many
+  constant arguments its kernel takes after the buffers (a generic copy's one), and for a cat's piece the place of
+  the cat whose buffer it is a view of and the element where it starts there (else None); `totals` is the
   counters of all its kernels summed (kernels, ops, bytes), added once per run.
   Why a hit is right: it hangs on the template, so it is found by the graph's key, which fixes every op, argument,
   view, dtype, device and shape, which buffers are shared, and NOOPT; so the items, their kernel trees and the
@@ -209,7 +213,7 @@ class Launch:
   def prepare(template: Template, items: list[ScheduleItem]) -> Launch | None:
     """The launch of a template whose items' kernels are loaded (build() has run); None if one can't be."""
     steps, device, listed = [], None, []
-    for (ast, out, ins, info), item in zip(template.steps, items):
+    for (ast, out, ins, info, into), item in zip(template.steps, items):
       if ast.op is LoadOps.COPY: return None
       output, call, constants = item.output, None, ()
       if item.is_kernel and output.size > 0:
@@ -220,7 +224,7 @@ class Launch:
         call = device.launcher(program, info[3]) if isinstance(device, Compiled) else _runner(device, program, info[3])
         constants = getattr(program, "constants", ())
         listed.append((program, 1 + len(ins), info))
-      steps.append((out, (output.device, output.size, output.dtype), ins, call, len(constants)))
+      steps.append((out, (output.device, output.size, output.dtype), ins, call, len(constants), into))
     totals = (len(listed), sum(info[2] * info[3] for _, _, info in listed), sum(info[4] for _, _, info in listed))
     native = isinstance(device, Compiled) and type(device).run is Compiled.run
     if len(listed) < LIST_MIN_KERNELS or not native or not all(KernelList.available(n + len(p.constants)) for p, n, _ in listed):
@@ -236,13 +240,19 @@ def _runner(device, program, points: int) -> Callable[[list[Buffer]], None]:
   return lambda bufs: device.run(program, bufs, points)
 
 
+def _piece_buffer(into: tuple[int, int], size: int, nodes: list[LazyBuffer], made: list[Buffer | None]) -> Buffer:
+  """A prepared step's output that is a cat's piece: a view of the cat's buffer, which an earlier step allocated."""
+  cat, start = into
+  return BufferView(nodes[cat].realized if cat >= 0 else made[-1 - cat], start, size)
+
+
 def run_launch(launch: Launch, nodes: list[LazyBuffer]) -> None:
   """A prepared launch over this graph's nodes: run_schedule's work (buffers, kernels, counters) without the items."""
   made: list[Buffer | None] = [None] * launch.made
   if launch.kernels is not None: _run_listed(launch, nodes, made)
   else:
-    for out, (device, size, dtype), ins, call, _ in launch.steps:
-      buf = Buffer(device, size, dtype).allocate()
+    for out, (device, size, dtype), ins, call, _, into in launch.steps:
+      buf = Buffer(device, size, dtype).allocate() if into is None else _piece_buffer(into, size, nodes, made)
       if call is not None:
         bufs = [buf]
         for i in ins: bufs.append(nodes[i].realized if i >= 0 else made[-1 - i])
@@ -262,8 +272,8 @@ def _run_listed(launch: Launch, nodes: list[LazyBuffer], made: list[Buffer | Non
   kernels' argument slots (a kernel's constants, after its buffers, stay as written) and shifted where a kernel
   shifts them, then the call (on this thread alone where the thread pool can't start)."""
   args, slot = launch.kernels.args, 0
-  for out, (device, size, dtype), ins, call, constants in launch.steps:
-    buf = Buffer(device, size, dtype).allocate()
+  for out, (device, size, dtype), ins, call, constants, into in launch.steps:
+    buf = Buffer(device, size, dtype).allocate() if into is None else _piece_buffer(into, size, nodes, made)
     if call is not None:
       args[slot] = buf.address
       for i in ins:

@@ -48,6 +48,12 @@ the row again while it is in cache to compute and store it (codegen's "row pass"
 candidates, the one the others feed (the variance, not the mean).
 Depth (too_deep): a chain of inlined ops at most MAX_FUSED_DEPTH deep: a base deeper than that in its
 kernel's tree is realized, so a loop of updates realized once at the end becomes several kernels.
+Cats in place (cats_in_place): a cat (function.cat's sum of padded pieces) on a host device whose every piece gets
+a kernel of its own here (the padded rule) and fills one contiguous, 64-byte aligned stretch of it whole (a cat
+along the first axis that isn't 1 long) gets no kernel: an EMPTY item allocates its buffer before its first piece,
+and each piece's item writes a view of it (ScheduleItem.into; device.BufferView), so an LSTM's 65 steps' states are
+written once, where they are read, instead of once per step, once per group and once in the whole. Not with NOOPT=1,
+nor while export captures (schedule_cache.CatsInPlace).
 Kernels are scheduled in the graph's order, sources first. After fusion, a kernel may run over a finer
 shape (codegen/refine.py: a load that reads a reshape its layout can't express becomes one view, a
 matmul's operand with merged heads included), and a reduce kernel may read some operands from
@@ -61,11 +67,12 @@ from typing import Callable
 from tinychad.codegen.pack import Panels, pack_plan, split_lanes
 from tinychad.codegen.refine import refine_kernel_shape
 from tinychad.engine.erf import erf_node
-from tinychad.engine.schedule_cache import GraphKey, Template, graph_key, lookup, remember
+from tinychad.device import DEVICE_MEMORY
+from tinychad.engine.schedule_cache import CatsInPlace, GraphKey, Template, graph_key, lookup, remember
 from tinychad.helpers import getenv, prod, toposort
 from tinychad.lazy import LazyBuffer, broadcast_tracker
-from tinychad.ops import BufferOps, KernelNode, LoadOps, ReduceOps, UnaryOps, ALU_OPS, Op, rebuild, rewrite
-from tinychad.view import ShapeTracker
+from tinychad.ops import BinaryOps, BufferOps, KernelNode, LoadOps, ReduceOps, UnaryOps, ALU_OPS, Op, rebuild, rewrite
+from tinychad.view import ShapeTracker, strides_for_shape
 
 # ALU ops an elementwise base may take to recompute and still be recomputed by each reader
 CHEAP_OPS = 8
@@ -73,6 +80,9 @@ CHEAP_OPS = 8
 # is cut into kernels this deep. Building, lowering and rendering a kernel tree recurse along it,
 # ~3 Python frames per op, which keeps a kernel well inside Python's default limit of 1000
 MAX_FUSED_DEPTH = 128
+# where a cat's piece may start in the cat's buffer to be written there in place: kernels vectorize their stores
+# for a buffer aligned to this many bytes (a cat's own buffer is)
+PIECE_ALIGN_BYTES = 64
 # a row reduce (see row_reduce_of) needs a row that stays in L1/L2 between its two passes, and
 # enough rows for every thread
 ROW_REDUCE_MAX_ELEMENTS = 8192
@@ -88,6 +98,8 @@ class ScheduleItem:
   ast: KernelNode                  # STORE root for compute kernels; a LoadOps node for EMPTY / COPY
   output: LazyBuffer               # the base this item realizes
   inputs: tuple[LazyBuffer, ...]   # bases read, as LOAD buffer numbers 1..n
+  # a cat's piece: (the cat, the element where the piece starts in it), whose buffer the output is a view of
+  into: tuple[LazyBuffer, int] | None = None
   # (name, iteration space, ops per point, points, bytes read and written): looked up on first use, then
   # read per run
   _info: tuple[str, tuple[int, ...], int, int, int] | None = field(default=None, init=False, repr=False, compare=False)
@@ -243,6 +255,50 @@ class _Scheduler:
     for base in reversed(self.order):
       if shared: self.owner[base] = self._owner(base)
       self.decided_by[base], self.realizes[base] = self._decide(base)
+    # piece -> (cat, element offset) of the cats written in place (see cats_in_place)
+    self.into: dict[LazyBuffer, tuple[LazyBuffer, int]] = \
+      self.cats_in_place() if CatsInPlace.allowed and not getenv("NOOPT", 0) else {}
+
+  def cats_in_place(self) -> dict[LazyBuffer, tuple[LazyBuffer, int]]:
+    """{piece: (cat, element offset)} for each cat whose pieces' kernels write straight into its buffer: a cat
+    (function.cat's sum of padded pieces) on a host device whose every piece is a base with a kernel of its own in
+    this schedule (the padded rule gives it one), filling one contiguous stretch of the cat in order, starting
+    PIECE_ALIGN_BYTES-aligned, and a piece of no other cat. Such a cat gets no kernel: its buffer is allocated
+    before its first piece runs, and its readers load it, as they would a cat with a kernel of its own, instead of
+    one masked load per piece where the rules inlined it (an LSTM's gate gradients, read by three matmuls). Sources
+    first, so a cat of cats (function.cat's groups) nests."""
+    into: dict[LazyBuffer, tuple[LazyBuffer, int]] = {}
+    for cat in self.order:
+      if cat.op not in (BinaryOps.ADD, BinaryOps.OR) or cat.device in DEVICE_MEMORY: continue
+      pieces = self._pieces(cat)
+      if pieces is None or any(piece in into for piece, _ in pieces): continue
+      for piece, start in pieces: into[piece] = (cat, start)
+      self.decided_by[cat], self.realizes[cat] = "in_place", True
+    return into
+
+  def _pieces(self, cat: LazyBuffer) -> list[tuple[LazyBuffer, int]] | None:
+    """(piece, element offset) of a cat whose pieces can be written in place (see cats_in_place), else None."""
+    pieces, stack = [], [cat]
+    while stack:
+      node = stack.pop()
+      for src in node.srcs:
+        base = src.base
+        # the sum's own partial sums, which only the cat's kernel would compute
+        partial_sum = base.op is cat.op and base.realized is None and self.uses[base] == 1 and not self.realizes[base]
+        if src is base and partial_sum:
+          stack.append(base)
+          continue
+        stretch = _stretch(src.st, cat.shape)
+        if stretch is None or stretch[1] != base.size or base.realized is not None or base in self.targets: return None
+        if not self.realizes[base] or base.op is LoadOps.CONST: return None
+        pieces.append((base, stretch[0]))
+    pieces.sort(key=lambda piece: piece[1])
+    end = 0
+    for piece, start in pieces:
+      if start != end or start * cat.dtype.itemsize % PIECE_ALIGN_BYTES: return None
+      end += piece.size
+    if end != cat.size or len({piece for piece, _ in pieces}) != len(pieces): return None
+    return pieces
 
   def _decide(self, base: LazyBuffer) -> tuple[str, bool]:
     """(name, gets a kernel of its own) of the first rule in REALIZE_RULES that holds for `base`."""
@@ -341,28 +397,40 @@ class _Scheduler:
     """Schedule the kernel that computes `base` (after everything it needs)."""
     if base.realized is not None or base in self.scheduled: return
     self.scheduled.add(base)
+    into = self.into.get(base)
     if base.op is LoadOps.EMPTY:
-      self.items.append(ScheduleItem(KernelNode(LoadOps.EMPTY), base, ()))
+      ast, inputs = KernelNode(LoadOps.EMPTY), ()
     elif base.op is LoadOps.COPY:
       src = base.srcs[0].base
       self.realize(src)
-      self.items.append(ScheduleItem(KernelNode(LoadOps.COPY), base, (src,)))
+      ast, inputs = KernelNode(LoadOps.COPY), (src,)
     elif base.op is LoadOps.SCATTER_ADD:
       # both sources are contiguous (LazyBuffer.scatter_add made them so): the kernel reads their buffers
       rows, indices = (src.base for src in base.srcs)
       for src in (rows, indices): self.realize(src)
       arg = (base.arg, indices.size, base.size // max(base.arg, 1), indices.dtype)
-      self.items.append(ScheduleItem(KernelNode(LoadOps.SCATTER_ADD, (), arg, base.dtype), base, (rows, indices)))
+      ast, inputs = KernelNode(LoadOps.SCATTER_ADD, (), arg, base.dtype), (rows, indices)
     elif base.op is LoadOps.ATTENTION:
       # every source is contiguous (LazyBuffer.attention made them so): the kernel reads their buffers
-      srcs = tuple(src.base for src in base.srcs)
-      for src in srcs: self.realize(src)
-      self.items.append(ScheduleItem(KernelNode(LoadOps.ATTENTION, (), base.arg, base.dtype), base, srcs))
+      inputs = tuple(src.base for src in base.srcs)
+      for src in inputs: self.realize(src)
+      ast = KernelNode(LoadOps.ATTENTION, (), base.arg, base.dtype)
     else:
       builder = _KernelBuilder(self, base)
       ast = refine_kernel_shape(builder.kernel())
       if builder.fused_reduce is not None and not getenv("NOOPT", 0): ast = builder.pack_strided_loads(ast)
-      self.items.append(ScheduleItem(ast, base, tuple(builder.inputs)))
+      inputs = tuple(builder.inputs)
+    if into is not None: self.allocate(into[0])
+    self.items.append(ScheduleItem(ast, base, inputs, into))
+
+  def allocate(self, cat: LazyBuffer) -> None:
+    """The buffer of a cat written in place, as an item of its own (nothing to compute), before its first piece's
+    kernel; a view of its own cat's buffer where it is a piece of one."""
+    if cat in self.scheduled: return
+    self.scheduled.add(cat)
+    into = self.into.get(cat)
+    if into is not None: self.allocate(into[0])
+    self.items.append(ScheduleItem(KernelNode(LoadOps.EMPTY), cat, (), into))
 
 
 class _KernelBuilder:
@@ -509,6 +577,21 @@ def _layout(st: ShapeTracker) -> tuple:
   return view.offset, tuple((size, stride) for size, stride in zip(view.shape, view.strides) if size != 1)
 
 
+def _stretch(st: ShapeTracker, shape: tuple[int, ...]) -> tuple[int, int] | None:
+  """(first element, elements) of the stretch of a cat of `shape` that a piece read through `st` fills: one view that
+  pads the piece, read in order, along one axis with only size-1 axes before it; None for any other view."""
+  if len(st.views) != 1 or st.views[0].mask is None: return None
+  view = st.views[0]
+  cut = [axis for axis, (lo, hi) in enumerate(view.mask) if (lo, hi) != (0, shape[axis])]
+  if len(cut) != 1 or prod(shape[:cut[0]]) != 1: return None
+  axis, (lo, hi) = cut[0], view.mask[cut[0]]
+  # a piece one long along the cut axis has no stride there (a size-1 axis)
+  contiguous = strides_for_shape(shape)
+  if any(view.strides[a] != contiguous[a] for a in range(len(shape)) if a != axis or hi - lo > 1): return None
+  inner = prod(shape[axis + 1:])
+  return (lo * inner, (hi - lo) * inner) if view.offset == -lo * view.strides[axis] else None
+
+
 def _plain(st: ShapeTracker, base: LazyBuffer) -> bool:
   """True when `st` reads all of base's buffer in order (a reshape at most)."""
   return st.contiguous and prod(st.shape) == base.size
@@ -539,7 +622,8 @@ def schedule_graph(outs: list[LazyBuffer], key: GraphKey | tuple, nodes: list[La
   return scheduler.items, remember(key, nodes, scheduler.items)
 
 
-def _item_from_template(ast: KernelNode, output: LazyBuffer, inputs: tuple[LazyBuffer, ...], info: tuple) -> ScheduleItem:
-  item = ScheduleItem(ast, output, inputs)
+def _item_from_template(ast: KernelNode, output: LazyBuffer, inputs: tuple[LazyBuffer, ...], info: tuple,
+                        into: tuple[LazyBuffer, int] | None) -> ScheduleItem:
+  item = ScheduleItem(ast, output, inputs, into)
   item._info = info
   return item

@@ -18,9 +18,10 @@ A template also keeps `launch`, what engine/realize.py prepared to run it again 
 template is, and dropping the cache (the tests' fixture does) drops it too.
 """
 from __future__ import annotations
+import contextlib
 from collections import OrderedDict
 from types import FunctionType
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 import numpy as np
 from tinychad.helpers import EnvFlags, toposort
 from tinychad.lazy import LazyBuffer
@@ -34,6 +35,22 @@ MAX_SCHEDULES = 1024     # graph shapes remembered, the least recently used forg
 SMALL_GRAPH = 8
 # NOOPT changes what the scheduler packs, so it is part of every key
 _NOOPT = EnvFlags("NOOPT")
+
+
+class CatsInPlace:
+  """Whether the scheduler may have a cat's pieces written straight into the cat's buffer (engine/schedule.py):
+  export turns it off while it captures a call, as its programs give every kernel a buffer of its own. Part of
+  every key, as NOOPT is."""
+  allowed = True
+
+  @classmethod
+  @contextlib.contextmanager
+  def off(cls) -> Iterator[None]:
+    before, cls.allowed = cls.allowed, False
+    try:
+      yield
+    finally:
+      cls.allowed = before
 
 
 def _arg_key(arg: Any) -> Any:
@@ -120,7 +137,7 @@ def graph_key(outs: list[LazyBuffer]) -> tuple[GraphKey | tuple, list[LazyBuffer
   one_op = _one_op_graph(outs[0]) if len(outs) == 1 else None
   if one_op is not None:
     entries, nodes = one_op
-    return (tuple(entries), (len(nodes) - 1,), _NOOPT.any()), nodes
+    return (tuple(entries), (len(nodes) - 1,), _NOOPT.any(), CatsInPlace.allowed), nodes
   nodes = toposort(outs, _key_sources)
   position = dict(zip(nodes, range(len(nodes))))
   at = position.__getitem__
@@ -132,13 +149,14 @@ def graph_key(outs: list[LazyBuffer]) -> tuple[GraphKey | tuple, list[LazyBuffer
     else:
       arg = lb.arg
       entries.append((lb.op, arg if arg is None else _arg_key(arg), lb.dtype, lb.device, lb.shape, tuple(map(at, lb.srcs))))
-  key = (tuple(entries), tuple([position[out] for out in outs]), _NOOPT.any())
+  key = (tuple(entries), tuple([position[out] for out in outs]), _NOOPT.any(), CatsInPlace.allowed)
   return (GraphKey(key) if len(entries) > SMALL_GRAPH else key), nodes
 
 
 class Template:
-  """A schedule over positions: (kernel tree, output, inputs, info) per item, where a position < 0
-  is the -1-i'th buffer the scheduler made itself, remade from `made` = (device, view, dtype).
+  """A schedule over positions: (kernel tree, output, inputs, info, into) per item, where a position < 0
+  is the -1-i'th buffer the scheduler made itself, remade from `made` = (device, view, dtype), and `into` is
+  None or (the cat's position, element offset) for a piece written into its cat's buffer.
   `launch` is None until realize prepares one (engine/realize.py: Launch)."""
   def __init__(self, items: list, nodes: list[LazyBuffer]):
     self.launch: Any = None
@@ -149,14 +167,16 @@ class Template:
       if lb in position: return position[lb]
       made.setdefault(lb, len(made))
       return -1 - made[lb]
-    self.steps = [(it.ast, ref(it.output), tuple(ref(i) for i in it.inputs), it.info) for it in items]
+    self.steps = [(it.ast, ref(it.output), tuple(ref(i) for i in it.inputs), it.info,
+                   None if it.into is None else (ref(it.into[0]), it.into[1])) for it in items]
     self.made = [(lb.device, lb.st, lb.dtype) for lb in made]
 
-  def items(self, nodes: list[LazyBuffer], make: Callable[[KernelNode, LazyBuffer, tuple, tuple], Any]) -> list:
+  def items(self, nodes: list[LazyBuffer], make: Callable[[KernelNode, LazyBuffer, tuple, tuple, Any], Any]) -> list:
     if self.made:
       # the made buffers go after the nodes, so position -1-i (counted from the end) picks made[i]
       nodes = nodes + [LazyBuffer(device, st, dtype, LoadOps.CONTIGUOUS) for device, st, dtype in reversed(self.made)]
-    return [make(ast, nodes[out], tuple([nodes[i] for i in ins]), info) for ast, out, ins, info in self.steps]
+    return [make(ast, nodes[out], tuple([nodes[i] for i in ins]), info,
+                 None if into is None else (nodes[into[0]], into[1])) for ast, out, ins, info, into in self.steps]
 
 
 _templates: OrderedDict[GraphKey | tuple, Template] = OrderedDict()

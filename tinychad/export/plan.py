@@ -28,6 +28,7 @@ from tinychad.device import Buffer
 from tinychad.dtype import DType
 from tinychad.engine.jit import TinyJit
 from tinychad.engine.realize import capture, realize, run_kernel
+from tinychad.engine.schedule_cache import CatsInPlace
 from tinychad.host import target_simd_bytes
 
 ALIGN = 64    # bytes: every arena slot starts at a multiple, as tinychad's own buffers do (SIMD, streaming stores)
@@ -173,12 +174,14 @@ def capture_plan(fn: Callable, example_inputs: Sequence, name: str, simd: int, i
   input_bufs = [x.lazydata.base.realized for x in inputs]
   if len({id(b) for b in input_bufs}) != len(input_bufs):
     raise ValueError("export: the same tensor is given as two inputs")
-  _call(fn, inputs)                                  # realizes lazy weights and builds the kernels
-  with capture() as steps:
-    outs = _call(fn, inputs)
-  others = [_other_values(x) for x in inputs]
-  with capture() as other_steps:
-    other_outs = _call(fn, others)
+  # every kernel writes a buffer of its own: a plan has no views of one buffer in another (a cat's pieces)
+  with CatsInPlace.off():
+    _call(fn, inputs)                                  # realizes lazy weights and builds the kernels
+    with capture() as steps:
+      outs = _call(fn, inputs)
+    others = [_other_values(x) for x in inputs]
+    with capture() as other_steps:
+      other_outs = _call(fn, others)
   if _signature(steps) != _signature(other_steps) or [o.shape for o in outs] != [o.shape for o in other_outs]:
     raise ValueError("export: the function runs different kernels or returns other shapes on other input values of the "
                      "same shapes: its Python control flow depends on tensor values, which a fixed program can't follow")

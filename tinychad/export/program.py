@@ -43,6 +43,7 @@ class _Program:
   """Collects the pieces of the exported source while walking the schedule."""
   def __init__(self, inputs: list[LazyBuffer]):
     self.names: dict[LazyBuffer, str] = {x: f"input{i}" for i, x in enumerate(inputs)}
+    self.placed: dict[LazyBuffer, tuple[str, int]] = {}   # a cat's piece: (the array it lies in, its element offset)
     self.data: list[str] = []          # arrays: embedded data, then scratch buffers
     self.functions: list[str] = []     # one C function per kernel
     self.calls: list[str] = []         # the body of tinychad_forward
@@ -64,8 +65,14 @@ class _Program:
       # a copy from another device: its source exists now, so the copy is data
       self.data.append(_array(name, item.inputs[0].realized.as_numpy(), out.dtype, const=False))
       return
+    if item.into is not None:
+      # a cat's piece, written in place: a pointer into the array the cat lies in
+      cat, start = item.into
+      array, offset = self.placed.get(cat, (self.names[cat], 0))
+      self.placed[out] = (array, offset + start)
+      self.data.append(f"static {out.dtype.c_name}* const {name} = {array} + {offset + start};")
     # aligned as tinychad's own buffers are: a kernel's SIMD and streaming stores assume it
-    self.data.append(f"static {out.dtype.c_name} {name}[{max(out.size, 1)}] __attribute__((aligned(64)));")
+    else: self.data.append(f"static {out.dtype.c_name} {name}[{max(out.size, 1)}] __attribute__((aligned(64)));")
     if not item.is_kernel or out.size == 0: return
     program = lower_item(item)
     program = dataclasses.replace(program, name=f"k{number}_{program.name}")

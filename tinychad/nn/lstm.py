@@ -21,7 +21,8 @@ Each layer runs as:
                   pre-activation gradients at [:, :4], dc at [:, 4];
     then W_hh's gradient is one matmul over all steps' gate gradients and previous h.
 The states of every step are stacked into (L+1, N, SLOTS, H) (index 0: the initial state): the Function's
-one output, from which the outputs and (h_n, c_n) are views.
+one output, from which the outputs and (h_n, c_n) are views. On the CPU each step's state kernel writes its
+stretch of it in place, and each step's gradient kernel its stretch of the gradients (engine/schedule.py).
 """
 from __future__ import annotations
 import math
@@ -98,8 +99,12 @@ def _forward_graph(srcs: tuple[LazyBuffer, ...], steps: int, n: int, hidden: int
   # m - 1 of the module docstring: 1 on the g gate's quarter of the gate axis, 0 elsewhere
   g_quarter = LazyBuffer.full(1.0, (n, hidden), xproj.dtype, xproj.device).pad(((0, 0), (2 * hidden, hidden)))
   m = _add(g_quarter, const(1, g_quarter))
-  state = cat([c0.reshape((n, 1, hidden)), h0.reshape((n, 1, hidden))], 1).pad(((0, 0), (0, SLOTS - 2), (0, 0)))
-  is_c, is_h = _one_slot(state, 0, SLOTS, True), _one_slot(state, 1, SLOTS, True)
+  zeros = const(0, LazyBuffer.full(0.0, (n, SLOTS, hidden), xproj.dtype, xproj.device))
+  is_c, is_h = _one_slot(zeros, 0, SLOTS, True), _one_slot(zeros, 1, SLOTS, True)
+  # the initial state as one elementwise base, not a cat padded with zeros: then every step's state fills its
+  # stretch of the stacked states whole, so each step's kernel writes it there in place (engine/schedule.py)
+  c_slot, h_slot = (_slot(x.reshape((n, 1, hidden)), 0, SLOTS) for x in (c0, h0))
+  state = _where(is_c, c_slot, _where(is_h, h_slot, zeros))
   # W_hh^T stored once per forward (H, 4H): each step's matmul then reads its rows of gate columns
   # contiguously and keeps whole vectors of gates as accumulators; read through w_hh's own (4H, H) layout,
   # its kernel summed each gate across vector lanes (batch 16, hidden 256: 241 -> 91 us a step)
