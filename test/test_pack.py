@@ -81,7 +81,8 @@ def test_split_lanes_hands_each_load_its_split_view(monkeypatch):
   assert panels.order == (0, 1, 3, 2) and panels.kept.shape == (1, n // P, P, k)
 
 
-def test_one_operand_packed_alike_for_two_kernels_is_copied_once():
+def test_one_operand_packed_alike_for_two_kernels_is_copied_once(set_noopt):
+  set_noopt("0")     # NOOPT=1 packs nothing
   # an LSTM's gate gradients y, transposed for W_ih's gradient and for W_hh's, in kernels that order their axes
   # differently (a matmul, and a broadcast multiply summed over its middle axis): one copy serves both
   k, m, n = COLUMN_PACK_MIN_STEPS, TRANSPOSED_PACK_MIN_REUSE, 2 * P

@@ -548,7 +548,8 @@ def _in_place(items: list) -> tuple[list, list]:
 
 
 @pytest.mark.parametrize("device", ["NUMPY", "CPU", "LLVM"])
-def test_a_cats_pieces_are_written_into_its_buffer(device):
+def test_a_cats_pieces_are_written_into_its_buffer(device, set_noopt):
+  set_noopt("0")     # NOOPT=1 writes no cat in place: test_cats_that_stay_kernels
   from tinychad.device import BufferView
   a, b = Tensor.randn(4, 16, device=device).realize(), Tensor.randn(4, 16, device=device).realize()
   x, y = (a * 2).reshape(1, 64), (b.exp() + 1).reshape(1, 64)
@@ -570,7 +571,8 @@ def test_a_cats_pieces_are_written_into_its_buffer(device):
   np.testing.assert_allclose(again.numpy(), np.concatenate([c.numpy().reshape(1, 64) * 2, want[1:]]), rtol=1e-6)
 
 
-def test_a_cat_of_many_pieces_nests_its_groups_in_place():
+def test_a_cat_of_many_pieces_nests_its_groups_in_place(set_noopt):
+  set_noopt("0")
   # function.cat groups more than CAT_MAX_PIECES pieces: each group is a piece of the whole, written in place too
   pieces = [Tensor.randn(1, 16).realize() for _ in range(40)]
   out = _stacked(*[(p * 3).relu() for p in pieces])
@@ -581,7 +583,8 @@ def test_a_cat_of_many_pieces_nests_its_groups_in_place():
   np.testing.assert_allclose(out.numpy(), np.maximum(np.concatenate([p.numpy() for p in pieces]) * 3, 0), rtol=1e-6)
 
 
-def test_a_cat_read_by_two_kernels_is_loaded_not_recomputed():
+def test_a_cat_read_by_two_kernels_is_loaded_not_recomputed(set_noopt):
+  set_noopt("0")
   # a cat of few pieces is cheap: the rules would have each reader add its pieces' masked loads; in place, they load it
   a, b = rand(1, 32), rand(1, 32)
   both = _stacked(a.exp(), b.exp())
@@ -594,7 +597,8 @@ def test_a_cat_read_by_two_kernels_is_loaded_not_recomputed():
   np.testing.assert_allclose(m.numpy(), want.max(1), rtol=1e-6)
 
 
-def test_booleans_cat_in_place():
+def test_booleans_cat_in_place(set_noopt):
+  set_noopt("0")
   a, b = rand(1, 64), rand(1, 64)
   out = _stacked(a > 0, b < 0)
   assert len(_in_place(out.schedule())[1]) == 2
@@ -602,6 +606,7 @@ def test_booleans_cat_in_place():
 
 
 def test_cats_that_stay_kernels(set_noopt):
+  set_noopt("0")
   from tinychad.engine.schedule_cache import CatsInPlace
   a, b = rand(2, 16), rand(2, 16)
   def check(out: Tensor, want: np.ndarray) -> None:
