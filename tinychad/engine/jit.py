@@ -198,7 +198,8 @@ class TinyJit:
     recording.assigned_after = [(t, t.lazydata.base.realized, t.lazydata.base.shape, t.lazydata.st) for t, _ in recording.assigned.values()]
     recording.structure = out
     # buffers the recording reads but did not write: tensors assigned later (outside) rebind them
-    written = {id(bufs[0]) for _, bufs in recording.steps} | {id(_root(bufs[0])) for _, bufs in recording.steps}
+    # (a step writing a view writes its buffer)
+    written = {buf_id for _, bufs in recording.steps for buf_id in (id(bufs[0]), id(_root(bufs[0])))}
     recording.external = {id(b) for _, bufs in recording.steps for b in bufs[1:] if id(b) not in written}
     _find_constant_steps(recording)
     self.recording = recording

@@ -50,7 +50,8 @@ Depth (too_deep): a chain of inlined ops at most MAX_FUSED_DEPTH deep: a base de
 kernel's tree is realized, so a loop of updates realized once at the end becomes several kernels.
 Cats in place (cats_in_place): a cat (function.cat's sum of padded pieces) on a host device whose every piece gets
 a kernel of its own here (the padded rule) and fills one contiguous, 64-byte aligned stretch of it whole (a cat
-along the first axis that isn't 1 long) gets no kernel: an EMPTY item allocates its buffer before its first piece,
+along the first axis that isn't 1 long) gets no kernel, whatever the rules said (it is decided "in_place", after
+them: it takes every piece's decision): an EMPTY item allocates its buffer before its first piece,
 and each piece's item writes a view of it (ScheduleItem.into; device.BufferView), so an LSTM's 65 steps' states are
 written once, where they are read, instead of once per step, once per group and once in the whole. Not with NOOPT=1,
 nor while export captures (schedule_cache.CatsInPlace).
