@@ -88,6 +88,6 @@ def test_a_buffer_view_shares_its_buffers_memory():
   inner.copyin(np.array([-1, -2], dtype=np.float32))
   np.testing.assert_array_equal(buf.as_numpy(), [0, 1, 2, 3, 4, -1, -2, 7, 8, 9])
   np.testing.assert_array_equal(view.as_numpy(), [4, -1, -2])
-  with pytest.raises(ValueError, match=r"elements \[8, 11\) of a buffer of 10"): BufferView(buf, 8, 3)
+  with pytest.raises(ValueError, match=r"BufferView of elements \[8, 11\) of a buffer of 10 elements"): BufferView(buf, 8, 3)
   del buf, view
   np.testing.assert_array_equal(inner.as_numpy(), [-1, -2])    # the view keeps the memory alive

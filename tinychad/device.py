@@ -204,9 +204,9 @@ class BufferView(Buffer):
 
   def __init__(self, buffer: Buffer, offset: int, size: int):
     super().__init__(buffer.device, size, buffer.dtype)
-    if buffer.device in DEVICE_MEMORY: raise ValueError(f"a view of a {buffer.device} buffer: views are of host memory")
+    if buffer.device in DEVICE_MEMORY: raise ValueError(f"BufferView of a {buffer.device} buffer: views are of host memory")
     if offset < 0 or offset + size > buffer.size:
-      raise ValueError(f"a view of elements [{offset}, {offset + size}) of a buffer of {buffer.size}")
+      raise ValueError(f"BufferView of elements [{offset}, {offset + size}) of a buffer of {buffer.size} elements")
     self.view_of = buffer.view_of or buffer
     self.view_offset = buffer.view_offset + offset * buffer.dtype.itemsize
     self.address = self.view_of.allocate().address + self.view_offset

@@ -99,7 +99,7 @@ def _forward_graph(srcs: tuple[LazyBuffer, ...], steps: int, n: int, hidden: int
   # m - 1 of the module docstring: 1 on the g gate's quarter of the gate axis, 0 elsewhere
   g_quarter = LazyBuffer.full(1.0, (n, hidden), xproj.dtype, xproj.device).pad(((0, 0), (2 * hidden, hidden)))
   m = _add(g_quarter, const(1, g_quarter))
-  zeros = const(0, LazyBuffer.full(0.0, (n, SLOTS, hidden), xproj.dtype, xproj.device))
+  zeros = LazyBuffer.full(0.0, (n, SLOTS, hidden), xproj.dtype, xproj.device)
   is_c, is_h = _one_slot(zeros, 0, SLOTS, True), _one_slot(zeros, 1, SLOTS, True)
   # the initial state as one elementwise base, not a cat padded with zeros: then every step's state fills its
   # stretch of the stacked states whole, so each step's kernel writes it there in place (engine/schedule.py)
