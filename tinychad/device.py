@@ -214,8 +214,12 @@ class BufferView(Buffer):
 
   def __repr__(self) -> str:
     return f"<BufferView {self.device} {self.size} {self.dtype.name} at byte {self.view_offset}>"
-  def __del__(self): pass
+  # its memory is its buffer's (no _memory of its own, which is also why Buffer.__del__ gives nothing back)
   def allocate(self) -> Buffer: return self
+
+  def moved_to(self, buffer: Buffer) -> BufferView:
+    """The same elements of `buffer`, a buffer like this view's (a TinyJit replay's new one)."""
+    return BufferView(buffer, self.view_offset // self.dtype.itemsize, self.size)
 
   def as_numpy(self) -> np.ndarray:
     if self._data is None:

@@ -32,7 +32,7 @@ import time
 import types
 import weakref
 from typing import Any, Callable
-from tinychad.device import Buffer, BufferView, Device
+from tinychad.device import Buffer, Device
 from tinychad.engine.realize import HostCall, HostWrites, call_on_host, capture, loaded_program, realize, run_kernel
 from tinychad.helpers import DEBUG
 from tinychad.lazy import LazyBuffer
@@ -298,7 +298,7 @@ def _renew(buf: Buffer, fresh: dict[int, Buffer]) -> None:
   """A new buffer for a replay's output `buf`, into `fresh`: for a view, a new one of what it is of, and a view."""
   root = _root(buf)
   if id(root) not in fresh: fresh[id(root)] = Buffer(root.device, root.size, root.dtype).allocate()
-  if root is not buf: fresh[id(buf)] = BufferView(fresh[id(root)], buf.view_offset // buf.dtype.itemsize, buf.size)
+  if root is not buf: fresh[id(buf)] = buf.moved_to(fresh[id(root)])
 
 
 def _swapped(buf: Buffer, swap: dict[int, Buffer]) -> Buffer:
@@ -307,7 +307,7 @@ def _swapped(buf: Buffer, swap: dict[int, Buffer]) -> Buffer:
   if new is not None: return new
   root = buf.view_of
   if root is None or id(root) not in swap: return buf
-  return BufferView(swap[id(root)], buf.view_offset // buf.dtype.itemsize, buf.size)
+  return buf.moved_to(swap[id(root)])
 
 
 def _find_constant_steps(rec: _Recording) -> None:
