@@ -47,6 +47,9 @@ CASES = {
   "gqa": dict(q=(2, 6, 9, 8), k=(2, 2, 9, 8), v=(2, 2, 9, 4), enable_gqa=True),
   "gqa_causal_mask": dict(q=(1, 4, 33, 16), k=(1, 1, 33, 16), v=(1, 1, 33, 16), enable_gqa=True, is_causal=True,
                           mask=random_inputs((4, 33, 33), seed=6)[0]),
+  # a block of 5 vectors of keys with 16 lanes (a ViT's 65 tokens), of 1 vector (causal over 100 keys)
+  "vit_tokens": dict(q=(1, 2, 65, 16), k=(1, 2, 65, 16), v=(1, 2, 65, 16)),
+  "causal_blocks_of_one_vector": dict(q=(1, 1, 100, 8), k=(1, 1, 100, 8), v=(1, 1, 100, 8), is_causal=True),
   "3d": dict(q=(4, 9, 8), k=(4, 12, 8), v=(4, 12, 3)),
   "2d_causal": dict(q=(6, 4), k=(6, 4), v=(6, 2), is_causal=True),
   "5d": dict(q=(2, 2, 2, 5, 4), k=(2, 2, 2, 5, 4), v=(2, 2, 2, 5, 4), is_causal=True),
@@ -135,6 +138,25 @@ def test_bad_input_raises_naming_shapes(shapes, kwargs, error, words):
 def test_mixed_dtypes_raise():
   with pytest.raises(TypeError, match="float32, float64"):
     F.scaled_dot_product_attention(Tensor.ones(2, 3), Tensor.ones(2, 3, dtype=dtypes.float64), Tensor.ones(2, 3))
+
+
+def test_blocks_pad_the_fewest_keys():
+  """Away from decoding, a kernel's block of keys pads the lane axis the least a block of at most MAX_BLOCK_VECTORS
+  vectors can (65 keys: one block of 5 vectors of 16, not two of 4); a causal kernel takes smaller blocks where that
+  pads no more. Decoding steps keep blocks of ATTENTION_BLOCK_VECTORS vectors (fewer for a short cache)."""
+  from tinychad.function import ATTENTION_BLOCK_VECTORS, MAX_BLOCK_VECTORS, _lanes_and_block
+  for length in range(2, 400):
+    for causal in (False, True):
+      lanes, block = _lanes_and_block(length, length, dtypes.float32, causal)
+      fewest = min(-(-length // (lanes * v)) * lanes * v for v in range(1, MAX_BLOCK_VECTORS + 1))
+      assert -(-length // block) * block == fewest, (length, causal, block)
+    decoding = _lanes_and_block(1, length, dtypes.float32)
+    assert decoding[1] == decoding[0] * min(ATTENTION_BLOCK_VECTORS, -(-length // decoding[0]))
+  lanes = _lanes_and_block(2, 2, dtypes.float32)[0]
+  if lanes == 16:
+    assert _lanes_and_block(65, 65, dtypes.float32)[1] == 80
+    assert _lanes_and_block(128, 128, dtypes.float32)[1] == 64
+    assert _lanes_and_block(128, 128, dtypes.float32, True)[1] == 32
 
 
 @on_each_device

@@ -1119,10 +1119,12 @@ class ConvTranspose(Function):
 
 
 # ---- attention ----
-# SIMD vectors of keys per step of an attention kernel's loop: the forward pass finds one maximum and rescales its
-# running sums once per step, so a step of 4 vectors (64 float32 keys) spends a quarter as much on that (fewer for
-# short sequences: the lane axis is padded to a whole step)
+# SIMD vectors of keys per step (block) of an attention kernel's loop. A decoding step (one query row) takes blocks of
+# 4 vectors (64 float32 keys with AVX-512), or fewer for a short cache: its keys are padded to whole blocks so that a
+# growing cache compiles a new kernel once per block, and a KV cache allocated in whole blocks is read as it is. Other
+# kernels choose per length (_block_vectors), up to 6 vectors: a tile's scores stay in registers beside its sums.
 ATTENTION_BLOCK_VECTORS = 4
+MAX_BLOCK_VECTORS = 6
 
 
 class Attention(Function):
@@ -1135,7 +1137,7 @@ class Attention(Function):
               causal: bool, window: int) -> LazyBuffer:
     batch, heads, length, dim = q.shape
     kv_heads, source, vdim = k.shape[1], k.shape[2], v.shape[3]
-    lanes, block = _lanes_and_block(length, source, q.dtype)
+    lanes, block = _lanes_and_block(length, source, q.dtype, bool(causal or window))
     self.arg = AttentionArg("forward", batch, heads, kv_heads, length, source, dim, vdim, scale, causal, window,
                             "" if mask is None else "bool" if mask.dtype == dtypes.bool else "add", (0, 0, 0, 0), lanes,
                             block)
@@ -1212,10 +1214,24 @@ def _arg(arg: AttentionArg, mode: str, mask_strides: tuple[int, int, int, int]) 
   return replace(arg, mode=mode, mask_strides=mask_strides)
 
 
-def _lanes_and_block(length: int, source: int, dtype) -> tuple[int, int]:
-  """An attention kernel's SIMD width and its lane axis's step (ops.AttentionArg's lanes and block)."""
+def _lanes_and_block(length: int, source: int, dtype, skips_blocks: bool = False) -> tuple[int, int]:
+  """An attention kernel's SIMD width and its lane axis's step (ops.AttentionArg's lanes and block). skips_blocks:
+  causal or windowed, where a tile of rows skips the blocks none of its rows sees."""
   lanes = 1 if getenv("NOOPT", 0) else max(1, simd_bytes() // dtype.itemsize)
-  return lanes, lanes * min(ATTENTION_BLOCK_VECTORS, -(-max(length, source) // lanes))
+  vectors = -(-max(length, source) // lanes)
+  if length == 1: return lanes, lanes * min(ATTENTION_BLOCK_VECTORS, vectors)
+  return lanes, lanes * _block_vectors(vectors, skips_blocks)
+
+
+def _block_vectors(vectors: int, skips_blocks: bool) -> int:
+  """How many vectors of keys a block holds, for a lane axis of `vectors` vectors. First the fewest padded vectors:
+  a padded key costs what a real one does (65 keys in blocks of 4 x 16 lanes took twice the time of one block of 5).
+  Then the least bookkeeping: each block's maximum and rescaling cost about a quarter of a vector's work, and a tile
+  that skips blocks wastes about half a block on its diagonal (measured: bench/README.md, "Eighth pass")."""
+  def cost(per_block: int) -> tuple[int, float]:
+    blocks = -(-vectors // per_block)
+    return blocks * per_block, blocks / 4 + (per_block / 2 if skips_blocks else 0)
+  return min(range(1, MAX_BLOCK_VECTORS + 1), key=cost)
 
 
 # _padding_mask's masks, computed (nothing writes them) and shared: every layer of every decoding step reads one
