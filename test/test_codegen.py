@@ -321,6 +321,37 @@ def test_row_pass_reads_back_what_its_reduce_computed(case, noopt, set_noopt):
   assert scratch[0].arg == np.prod([size for size, is_reduce in opt_inputs(item.ast)[0] if is_reduce])
 
 
+@pytest.mark.parametrize("op", [BinaryOps.ADD, BinaryOps.MAX])
+def test_reduce_lanes_of_several_outputs_fold_together(op):
+  """reduce.py's _fold_together: k vectors of v partial results, each folded to its output, merged pairwise by
+  shuffles (a vector without a partner merged with itself), for every k up to 9 and v = 4, 8, 16; checked by
+  evaluating the UOps, and counted: one lane read per output, and fewer ops than folding each alone (k v lane reads
+  and k (v - 1) scalar ops)."""
+  from tinychad.codegen.emit import Emitter
+  from tinychad.codegen.reduce import _fold_together
+  combine = {BinaryOps.ADD: np.add, BinaryOps.MAX: np.maximum}[op]
+  rng = np.random.default_rng(0)
+  for vec in (4, 8, 16):
+    for k in range(2, 10):
+      out, rows = Emitter(dtypes.int32), rng.standard_normal((k, vec)).astype(np.float32)
+      leaves = [out.emit(UOps.VECTORIZE, dtypes.float32, tuple(out.emit(UOps.CONST, dtypes.float32, (), float(x)) for x in row),
+                         vec=vec) for row in rows]
+      first = len(out.uops)
+      results = _fold_together(out, leaves, op)
+      values = {}
+      for u in out.uops:
+        srcs = [values[id(s)] for s in u.srcs]
+        if u.op is UOps.CONST: values[id(u)] = np.float32(u.arg)
+        elif u.op is UOps.VECTORIZE: values[id(u)] = np.array(srcs, np.float32)
+        elif u.op is UOps.SHUFFLE: values[id(u)] = np.concatenate(srcs)[list(u.arg)]
+        elif u.op is UOps.GEP: values[id(u)] = srcs[0][u.arg]
+        else: values[id(u)] = combine(*srcs)
+      np.testing.assert_allclose([values[id(r)] for r in results], combine.reduce(rows, axis=1), rtol=1e-5, atol=1e-5)
+      emitted = out.uops[first:]
+      assert sum(u.op is UOps.GEP for u in emitted) == k
+      assert len(emitted) < k * vec + k * (vec - 1), (vec, k, len(emitted))
+
+
 def test_row_that_one_step_covers_needs_no_scratch_row(set_noopt):
   """A row of four SIMD vectors (64 floats with AVX-512, 32 with AVX2): the reduce has no loop, and its pass
   reuses the exps still in registers."""

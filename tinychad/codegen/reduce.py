@@ -39,15 +39,49 @@ def lower_reduce(ctx: Context, at: Place) -> dict[Lane, UOp]:
       out.emit(UOps.ASSIGN, acc_dtype, (acc, out.emit(UOps.ALU, acc_dtype, (acc, x), alu, cse=False, vec=vec)), cse=False, vec=vec)
   ctx.close_loops(opened)
   vector_is_reduce = opts.vector is not None and dims[opts.vector[0]][1]
-  results = {}
+  totals = []
   for o in outer_lanes:
     total = accs[(o, inner_lanes[0])]
     for r in inner_lanes[1:]: total = out.emit(UOps.ALU, acc_dtype, (total, accs[(o, r)]), alu, cse=False, vec=vec)
-    if vector_is_reduce:
-      # the lanes of a reduce-axis vector are partial results of one output: fold them
-      parts = [out.emit(UOps.GEP, acc_dtype, (total,), i) for i in range(vec)]
-      while len(parts) > 1:
-        parts = [out.emit(UOps.ALU, acc_dtype, (parts[i], parts[i + 1]), alu, cse=False) for i in range(0, len(parts), 2)]
-      total = parts[0]
-    results[o] = total if acc_dtype == dtype else out.emit(UOps.ALU, dtype, (total,), UnaryOps.CAST, cse=False, vec=total.vec)
-  return results
+    totals.append(total)
+  if vector_is_reduce:
+    # the lanes of a reduce-axis vector are partial results of one output: fold them
+    totals = _fold_together(out, totals, alu) if len(totals) > 1 and vec & (vec - 1) == 0 else \
+      [_fold_alone(out, total, alu) for total in totals]
+  return {o: total if acc_dtype == dtype else out.emit(UOps.ALU, dtype, (total,), UnaryOps.CAST, cse=False, vec=total.vec)
+          for o, total in zip(outer_lanes, totals)}
+
+
+def _fold_alone(out, total: UOp, alu: BinaryOps) -> UOp:
+  """One vector's lanes combined by alu: a tree of scalar ops over its lanes."""
+  parts = [out.emit(UOps.GEP, total.dtype, (total,), i) for i in range(total.vec)]
+  while len(parts) > 1:
+    parts = [out.emit(UOps.ALU, total.dtype, (parts[i], parts[i + 1]), alu, cse=False) for i in range(0, len(parts), 2)]
+  return parts[0]
+
+
+def _fold_together(out, totals: list[UOp], alu: BinaryOps) -> list[UOp]:
+  """Each vector's lanes combined by alu (its output, one scalar), for several vectors at once. Two vectors are
+  merged into one: a shuffle takes the low half of each one's lanes, another the high half, and one vector op
+  combines them, so each output keeps half as many partial lanes; merged vectors are merged again, a vector left
+  without a partner is merged with itself, until every output is one lane. k outputs of v lanes take about
+  3k vector ops and k lane reads, where folding each alone takes k(v - 1) lane reads and as many scalar ops
+  (a matrix-vector product's 8 rows of 16 lanes: 32 instead of 248)."""
+  vec = totals[0].vec
+  # each vector with the outputs it holds and their width: output i of the list in lanes [i*width, (i+1)*width)
+  vectors = [(total, [i], vec) for i, total in enumerate(totals)]
+  while vectors[0][2] > 1:
+    merged = []
+    for a, b in zip(vectors[0::2], vectors[1::2] + [None]):
+      outputs_b = b[1] if b is not None else []
+      source_b = b[0] if b is not None else a[0]
+      half = a[2] // 2
+      def picks(part: int) -> tuple[int, ...]:
+        lanes = [source * vec + g * a[2] + part * half + j for source, outputs in ((0, a[1]), (1, outputs_b))
+                 for g in range(len(outputs)) for j in range(half)]
+        return tuple(lanes + [0] * (vec - len(lanes)))   # lanes past the outputs': any
+      low, high = (out.emit(UOps.SHUFFLE, a[0].dtype, (a[0], source_b), picks(part), vec=vec) for part in (0, 1))
+      merged.append((out.emit(UOps.ALU, a[0].dtype, (low, high), alu, cse=False, vec=vec), a[1] + outputs_b, half))
+    vectors = merged
+  lane = {i: (total, n) for total, outputs, _ in vectors for n, i in enumerate(outputs)}
+  return [out.emit(UOps.GEP, lane[i][0].dtype, (lane[i][0],), lane[i][1]) for i in range(len(totals))]
