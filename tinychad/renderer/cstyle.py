@@ -11,9 +11,10 @@ divisor gives 0 (numpy's answer) instead of a crash.
 SIMD values (vec > 1) use GCC vector extensions (clang has them too): `+ - * /`, negation, bitwise
 ops, compares (lane masks, stored as bool bytes), selects and max (bit blends through a mask), casts
 (__builtin_convertvector) and float32 exp2/log2 (vector polynomials, renderer/cmath.py) are whole
-vector operations. Anything else is the scalar expression applied lane by lane in a fixed-count
-loop, which gcc leaves scalar: measured, a 16-lane loop of exp2 ran 4x slower than the vector
-function. Vector loads and stores go through a typedef aligned to the element, since a lane group
+vector operations. Anything else is the scalar expression per lane, written as the vector's initializer:
+gcc's SLP vectorizer makes one instruction of the lanes where the target has one (sqrtf: vsqrtps), where
+a loop over the lanes stays scalar (gcc's loop vectorizer is off, runtime/cc.py); libm calls stay one per
+lane (measured, a 16-lane loop of exp2 ran 4x slower than the vector function). Vector loads and stores go through a typedef aligned to the element, since a lane group
 may start anywhere. Scalar float32 exp2 and log2 call the scalar polynomials (no libm call in a
 kernel's hot loop); float64 and float16 keep libm.
 A streaming store (the IR's STORE "stream") is one AVX instruction in inline assembly, as gcc has no
@@ -150,13 +151,13 @@ class CRenderer:
 
   def vector_alu(self, u: UOp, name: str) -> list[str]:
     """A SIMD ALU op: the first rule of VECTOR_RULES that applies (a native vector operator where C has
-    one), else the scalar expression per lane."""
+    one), else the scalar expression per lane as the vector's initializer (module docstring)."""
     vtype, s = self.type_name(u.dtype, u.vec), [self.ref(x) for x in u.srcs]
     for applies, render in VECTOR_RULES:
       if applies(u): return render(self, u, s, name, vtype)
-    lane = [f"{x}[l]" if src.vec > 1 else x for x, src in zip(s, u.srcs)]
     cast = "(_Bool)" if u.dtype == dtypes.bool else ""
-    return [f"{vtype} {name};", f"for (int l = 0; l < {u.vec}; l++) {name}[l] = {cast}({self.alu(u, lane)});"]
+    lanes = [f"{cast}({self.alu(u, [f'{x}[{i}]' if src.vec > 1 else x for x, src in zip(s, u.srcs)])})" for i in range(u.vec)]
+    return [f"{vtype} {name} = {{{', '.join(lanes)}}};"]
 
   def splats(self, u: UOp, s: list[str]) -> list[str]:
     """Every source as a vector (scalars broadcast)."""
