@@ -573,6 +573,23 @@ def test_undone_transpose_merges_to_one_view():
   assert st.reshape((6, 4)).permute((1, 0)).views == ShapeTracker.from_shape((4, 6)).views
 
 
+def test_a_padded_axis_splits_in_one_view_where_its_mask_falls_on_the_split():
+  """A cat's piece (64 of an axis of 192) read as (3, 4, 16) is one view, masked along the 3; as (12, 16) too; a
+  split the mask doesn't fall on (6, 32 with a piece at 16..80) needs a second view. Each reads what numpy's
+  reshape of the padded array reads."""
+  flat = np.arange(2 * 64, dtype=np.float32) + 1
+  piece = ShapeTracker.from_shape((2, 64)).pad(((0, 0), (64, 64)))
+  padded = read_view(flat, piece, dtypes.float32)
+  for shape, views in (((2, 3, 4, 16), 1), ((2, 12, 16), 1), ((384,), 2)):
+    st = piece.reshape(shape)
+    assert len(st.views) == views, (shape, st)
+    np.testing.assert_array_equal(read_view(flat, st, dtypes.float32), padded.reshape(shape))
+  off_split = ShapeTracker.from_shape((2, 64)).pad(((0, 0), (16, 112))).reshape((2, 6, 32))
+  assert len(off_split.views) == 2
+  np.testing.assert_array_equal(read_view(flat, off_split, dtypes.float32),
+                                np.pad(flat.reshape(2, 64), ((0, 0), (16, 112))).reshape(2, 6, 32))
+
+
 def test_movements_are_remembered_whatever_the_argument_form():
   """ShapeTracker movements are cached (view.py): lists, tuples and numpy ints give the same answer,
   a repeat gives the very same object, and an answer taken from the cache reads the right elements."""

@@ -268,6 +268,24 @@ def test_matmul_of_merged_heads_reads_one_view():
   np.testing.assert_allclose(w.grad.numpy(), tw.grad.numpy(), rtol=1e-4, atol=1e-4)
 
 
+def test_cat_of_heads_gradients_reads_one_view_per_piece():
+  """The gradient of a (batch, tokens, 3 x width) projection split into q, k, v and read as heads (batch, heads,
+  tokens, head size): a cat of the three heads-layout gradients. Its kernel runs over (batch, tokens, 3, heads,
+  head size) (codegen/refine.py), so each piece is one masked view with SIMD rows, not div/mod of stacked views;
+  the gradient is PyTorch's."""
+  B, T, H, D = 2, 8, 4, 16
+  x, a = np.random.default_rng(0).standard_normal((B, T, 3 * H * D)).astype(np.float32), rand(B, H, T, D)
+  qkv = Tensor(x, requires_grad=True)
+  heads = [(t.reshape(B, T, H, D).transpose(1, 2) * a).contiguous() for t in qkv.split(H * D, 2)]
+  sum(h.exp().sum() for h in heads).backward()
+  item = qkv.grad.schedule()[-1]
+  assert len(_loads(item)) == 3 and all(len(load.arg[1].views) == 1 for load in _loads(item))
+  torch = __import__("torch")
+  tx = torch.tensor(x, requires_grad=True)
+  sum((t.reshape(B, T, H, D).transpose(1, 2) * torch.tensor(a.numpy())).exp().sum() for t in tx.split(H * D, 2)).backward()
+  np.testing.assert_allclose(qkv.grad.numpy(), tx.grad.numpy(), rtol=1e-5, atol=1e-5)
+
+
 def test_each_decision_is_made_by_a_named_rule():
   """Whether a base gets a kernel is decided by the first rule of REALIZE_RULES that holds, once per base."""
   x = rand(32, 64)

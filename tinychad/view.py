@@ -118,18 +118,37 @@ class View:
     return None if strides is None else View.create(new_shape, strides, self.offset)
 
   def _reshape_masked(self, new_shape: Shape) -> View | None:
-    # only inserting or removing size-1 axes keeps a mask expressible in one view
+    """A masked view in a new shape: size-1 axes inserted or removed, and an axis split where its mask's bounds
+    fall on the split (a cat's piece of 64 along an axis of 192, read as (3, 4, 16): axis 0 masked, the others
+    whole); axes merged only where the mask covers them whole. None where the mask needs a second view."""
     old = [(s, st, m) for s, st, m in zip(self.shape, self.strides, self.mask) if s != 1 or m != (0, 1)]
     if any(s == 1 for s, _, _ in old): return None
-    if [s for s, _, _ in old] != [s for s in new_shape if s != 1]: return None
-    it = iter(old)
-    strides, mask = [], []
+    new = [s for s in new_shape if s != 1]
+    strides = _nocopy_strides(tuple(s for s, _, _ in old), tuple(st for _, st, _ in old), tuple(new))
+    if strides is None: return None
+    masks: list[tuple[int, int]] = []
+    oi = ni = 0
+    while oi < len(old):
+      # the next group: old axes oi..oj-1 hold the same elements as new axes ni..nj-1
+      oj, nj, old_size, new_size = oi + 1, ni + 1, old[oi][0], new[ni]
+      while old_size != new_size:
+        if old_size < new_size: old_size *= old[oj][0]; oj += 1
+        else: new_size *= new[nj]; nj += 1
+      group = [m for _, _, m in old[oi:oj]]
+      if oj - oi == 1 and group[0] != (0, old_size):
+        inner = prod(new[ni + 1:nj])
+        lo, hi = group[0]
+        if lo % inner or hi % inner: return None
+        masks += [(lo // inner, hi // inner)] + [(0, s) for s in new[ni + 1:nj]]
+      elif all(m == (0, s) for m, (s, _, _) in zip(group, old[oi:oj])): masks += [(0, s) for s in new[ni:nj]]
+      else: return None
+      oi, ni = oj, nj
+    it = iter(zip(strides, masks))
+    out_strides, out_mask = [], []
     for s in new_shape:
-      if s == 1: strides.append(0); mask.append((0, 1))
-      else:
-        _, st, m = next(it)
-        strides.append(st); mask.append(m)
-    return View.create(new_shape, tuple(strides), self.offset, tuple(mask))
+      st, m = (0, (0, 1)) if s == 1 else next(it)
+      out_strides.append(st); out_mask.append(m)
+    return View.create(new_shape, tuple(out_strides), self.offset, tuple(out_mask))
 
   # ---- indexing ----
   def expr(self, idxs: list):

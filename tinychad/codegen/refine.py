@@ -61,9 +61,28 @@ def refine_kernel_shape(ast: KernelNode) -> KernelNode:
     if len(views) < 2 or not views[-1].contiguous: continue
     finer = common_refinement(refined, views[-2].shape)
     if finer is not None: refined = finer
-  if refined == shape: return ast
+  if refined == shape: return _refine_by_cuts(ast, leaves)
   # keep the split only if no leaf gains a view (a masked axis may not split inside one view)
   if any(len(leaf.arg[1].reshape(refined).views) > len(leaf.arg[1].views) for leaf in leaves): return ast
+  return rewrite(ast, lambda node, srcs: _reshaped(node, srcs, refined))
+
+
+def _refine_by_cuts(ast: KernelNode, leaves: list[KernelNode]) -> KernelNode:
+  """An elementwise kernel whose stacked-view loads read a padded or strided top view (a cat of attention heads'
+  gradients into (batch, tokens, 3 x width), the heads' layout below): each axis cut where a lower view cuts it
+  (_axis_cuts), if then no leaf has more views and some have fewer."""
+  shape = ast.arg[1].shape
+  cuts: list[set[int]] = [set() for _ in shape]
+  for leaf in leaves:
+    views = leaf.arg[1].views
+    if len(views) < 2: continue
+    for i, (size, stride) in enumerate(zip(shape, views[-1].strides)):
+      if size > 1 and stride != 0: cuts[i].update(_axis_cuts(size, stride, views[-2].shape))
+  refined = tuple(p for size, axis_cuts in zip(shape, cuts) for p in _pieces(size, axis_cuts))
+  if refined == shape: return ast
+  old = [len(n.arg[1].views) for n in leaves + [ast]]
+  new = [len(n.arg[1].reshape(refined).views) for n in leaves + [ast]]
+  if any(a > b for a, b in zip(new, old)) or sum(new) >= sum(old): return ast
   return rewrite(ast, lambda node, srcs: _reshaped(node, srcs, refined))
 
 
