@@ -173,6 +173,9 @@ def test_multihead_attention(batch_first):
   make = lambda lib: lib.MultiheadAttention(8, 2, batch_first=batch_first)  # noqa: E731
   check_layer(make(nn), make(torch.nn), q, kv, kv + 0.3, call=lambda mha, q, k, v: mha(q, k, v)[0])
   check_layer(make(nn), make(torch.nn), q, kv, kv, call=lambda mha, q, k, v: mha(q, k, v)[1])
+  # self-attention, one tensor as query, key and value: the packed projection (one matmul 3E wide), both paths
+  for need_weights in (True, False):
+    check_layer(make(nn), make(torch.nn), q, call=lambda mha, x: mha(x, x, x, need_weights=need_weights)[0])
   # a boolean attention mask and a key padding mask: True means "may not attend", as in PyTorch
   attn_mask = np.triu(np.ones((4, 5), dtype=bool), 2)
   padding = np.array([[False] * 4 + [True], [False] * 5])

@@ -276,16 +276,20 @@ class MultiheadAttention(Module):
   def forward(self, query: Tensor, key: Tensor, value: Tensor, key_padding_mask: Tensor | None = None,
                need_weights: bool = True, attn_mask: Tensor | None = None, average_attn_weights: bool = True,
                is_causal: bool = False) -> tuple[Tensor, Tensor | None]:
-    unbatched = query.ndim == 2
+    unbatched, packed = query.ndim == 2, query is key is value
     if unbatched: query, key, value = query.unsqueeze(1), key.unsqueeze(1), value.unsqueeze(1)
     elif self.batch_first: query, key, value = query.transpose(0, 1), key.transpose(0, 1), value.transpose(0, 1)
     (L, N, E), S, H = query.shape, key.shape[0], self.num_heads
-    wq, wk, wv = self.in_proj_weight.chunk(3)
-    bq, bk, bv = self.in_proj_bias.chunk(3) if self.in_proj_bias is not None else (None, None, None)
 
-    def heads(x: Tensor, w: Tensor, b: Tensor | None, length: int) -> Tensor:  # (len, N, E) -> (N, H, len, E/H)
-      return F.linear(x, w, b).reshape(length, N, H, E // H).permute(1, 2, 0, 3)
-    q, k, v = heads(query, wq, bq, L), heads(key, wk, bk, S), heads(value, wv, bv, S)
+    def heads(x: Tensor, length: int) -> Tensor:  # (len, N, E) -> (N, H, len, E/H)
+      return x.reshape(length, N, H, E // H).permute(1, 2, 0, 3)
+    if packed:
+      # self-attention: one projection 3E wide, as PyTorch's packed in_proj (one matmul, one per gradient)
+      q, k, v = (heads(x, L) for x in F.linear(query, self.in_proj_weight, self.in_proj_bias).chunk(3, -1))
+    else:
+      (wq, wk, wv), (bq, bk, bv) = self.in_proj_weight.chunk(3), \
+        self.in_proj_bias.chunk(3) if self.in_proj_bias is not None else (None, None, None)
+      q, k, v = heads(F.linear(query, wq, bq), L), heads(F.linear(key, wk, bk), S), heads(F.linear(value, wv, bv), S)
     mask = _merge_masks(attn_mask.reshape(N, H, L, S) if attn_mask is not None and attn_mask.ndim == 3 else attn_mask,
                         key_padding_mask.reshape(N, 1, 1, S) if key_padding_mask is not None else None)
     # an explicit attn_mask wins over the is_causal hint, as in PyTorch
