@@ -67,21 +67,21 @@ def _fold_together(out, totals: list[UOp], alu: BinaryOps) -> list[UOp]:
   without a partner is merged with itself, until every output is one lane. k outputs of v lanes take about
   3k vector ops and k lane reads, where folding each alone takes k(v - 1) lane reads and as many scalar ops
   (a matrix-vector product's 8 rows of 16 lanes: 32 instead of 248)."""
-  vec = totals[0].vec
-  # each vector with the outputs it holds and their width: output i of the list in lanes [i*width, (i+1)*width)
-  vectors = [(total, [i], vec) for i, total in enumerate(totals)]
-  while vectors[0][2] > 1:
-    merged = []
-    for a, b in zip(vectors[0::2], vectors[1::2] + [None]):
-      outputs_b = b[1] if b is not None else []
-      source_b = b[0] if b is not None else a[0]
-      half = a[2] // 2
+  vec, width = totals[0].vec, totals[0].vec
+  # each vector with the outputs it holds, output i of the list in lanes [i*width, (i+1)*width)
+  vectors = [(total, [i]) for i, total in enumerate(totals)]
+  while width > 1:
+    half, merged = width // 2, []
+    for pair in (vectors[i:i + 2] for i in range(0, len(vectors), 2)):
+      (a, outputs_a), (b, outputs_b) = pair[0], pair[1] if len(pair) == 2 else (pair[0][0], [])
+
       def picks(part: int) -> tuple[int, ...]:
-        lanes = [source * vec + g * a[2] + part * half + j for source, outputs in ((0, a[1]), (1, outputs_b))
+        """Half `part` of every output's lanes, a's outputs then b's; the lanes past them are any."""
+        lanes = [source * vec + g * width + part * half + j for source, outputs in ((0, outputs_a), (1, outputs_b))
                  for g in range(len(outputs)) for j in range(half)]
-        return tuple(lanes + [0] * (vec - len(lanes)))   # lanes past the outputs': any
-      low, high = (out.emit(UOps.SHUFFLE, a[0].dtype, (a[0], source_b), picks(part), vec=vec) for part in (0, 1))
-      merged.append((out.emit(UOps.ALU, a[0].dtype, (low, high), alu, cse=False, vec=vec), a[1] + outputs_b, half))
-    vectors = merged
-  lane = {i: (total, n) for total, outputs, _ in vectors for n, i in enumerate(outputs)}
+        return tuple(lanes + [0] * (vec - len(lanes)))
+      low, high = (out.emit(UOps.SHUFFLE, a.dtype, (a, b), picks(part), vec=vec) for part in (0, 1))
+      merged.append((out.emit(UOps.ALU, a.dtype, (low, high), alu, cse=False, vec=vec), outputs_a + outputs_b))
+    vectors, width = merged, half
+  lane = {i: (total, n) for total, outputs in vectors for n, i in enumerate(outputs)}
   return [out.emit(UOps.GEP, lane[i][0].dtype, (lane[i][0],), lane[i][1]) for i in range(len(totals))]
