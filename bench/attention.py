@@ -1,8 +1,9 @@
-"""Causal attention, forward and forward+backward: tinychad's flash-style kernels beside PyTorch's SDPA and beside
+"""Attention, forward and forward+backward: tinychad's flash-style kernels beside PyTorch's SDPA and beside
 tinychad's materialized path (the whole T x T score matrix, what `nn.functional.attention` computes), in one run.
 
-    python bench/attention.py                     # T 2048, 8 heads, d 64, batch 1, 2 threads
+    python bench/attention.py                     # causal, T 2048, 8 heads, d 64, batch 1, 2 threads
     python bench/attention.py --length 1024 --threads 1
+    python bench/attention.py --full --batch 16 --heads 3 --length 65 --repeats 50   # a ViT's: no mask, 65 tokens
 
 Each (library, pass) runs in a fresh subprocess (`--worker`): inputs made, one call to build and warm up, then the
 median time of `--repeats` calls, then the peak memory of one more call: the rise of the process's peak resident
@@ -46,12 +47,12 @@ def _tinychad(args, library: str, backward: bool):
   from tinychad.device import memory_pool
   import tinychad.nn.functional as F
   rng = np.random.default_rng(0)
-  q, k, v = (Tensor(rng.standard_normal((1, args.heads, args.length, args.dim)).astype(np.float32),
+  q, k, v = (Tensor(rng.standard_normal((args.batch, args.heads, args.length, args.dim)).astype(np.float32),
                     requires_grad=backward).realize() for _ in range(3))
 
   def attend():
-    if library == "tinychad": return F.scaled_dot_product_attention(q, k, v, is_causal=True)
-    return F.attention(q, k, v, is_causal=True)[0]
+    if library == "tinychad": return F.scaled_dot_product_attention(q, k, v, is_causal=not args.full)
+    return F.attention(q, k, v, is_causal=not args.full)[0]
 
   def call():
     out = attend()
@@ -66,13 +67,13 @@ def _torch(args, backward: bool):
   import torch
   torch.set_num_threads(args.threads)
   torch.manual_seed(0)
-  q, k, v = (torch.randn(1, args.heads, args.length, args.dim, requires_grad=backward) for _ in range(3))
+  q, k, v = (torch.randn(args.batch, args.heads, args.length, args.dim, requires_grad=backward) for _ in range(3))
 
   def call():
     if not backward:
-      with torch.no_grad(): return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+      with torch.no_grad(): return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=not args.full)
     for t in (q, k, v): t.grad = None
-    torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True).sum().backward()
+    torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=not args.full).sum().backward()
   return call, lambda: None
 
 
@@ -96,7 +97,8 @@ def run(args, library: str, which: str) -> dict:
   env = dict(os.environ, THREADS=str(args.threads), OMP_NUM_THREADS=str(args.threads), PYTHONPATH=str(REPO_ROOT),
              MALLOC_MMAP_THRESHOLD_="131072")
   cmd = [sys.executable, __file__, "--worker", library, "--worker-pass", which, "--length", str(args.length),
-         "--heads", str(args.heads), "--dim", str(args.dim), "--threads", str(args.threads), "--repeats", str(args.repeats)]
+         "--heads", str(args.heads), "--dim", str(args.dim), "--threads", str(args.threads), "--repeats", str(args.repeats),
+         "--batch", str(args.batch)] + (["--full"] if args.full else [])
   done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
   if done.returncode != 0: return {"error": done.stderr.strip().splitlines()[-1]}
   return json.loads(done.stdout.strip().splitlines()[-1])
@@ -107,15 +109,18 @@ def main() -> None:
   parser.add_argument("--length", type=int, default=2048)
   parser.add_argument("--heads", type=int, default=8)
   parser.add_argument("--dim", type=int, default=64)
+  parser.add_argument("--batch", type=int, default=1)
+  parser.add_argument("--full", action="store_true", help="no causal mask: every query sees every key")
   parser.add_argument("--threads", type=int, default=2)
   parser.add_argument("--repeats", type=int, default=5)
   parser.add_argument("--worker", choices=LIBRARIES)
   parser.add_argument("--worker-pass", choices=PASSES)
   args = parser.parse_args()
   if args.worker: return worker(args)
-  score_mb = args.heads * args.length * args.length * 4 / 2 ** 20
-  print(f"causal attention, T {args.length}, {args.heads} heads, d {args.dim}, batch 1, float32, {args.threads} threads "
-        f"(one T x T float32 score matrix per head: {score_mb:.0f} MB)")
+  score_mb = args.batch * args.heads * args.length * args.length * 4 / 2 ** 20
+  print(f"{'full' if args.full else 'causal'} attention, T {args.length}, {args.heads} heads, d {args.dim}, batch {args.batch}, "
+        f"float32, {args.threads} threads "
+        f"(the T x T float32 scores of every head: {score_mb:.0f} MB)")
   print("| pass | library | ms | peak MB | ms / torch | peak / materialized |")
   print("|---|---|---|---|---|---|")
   for which in PASSES:
