@@ -72,18 +72,23 @@ def _refine_by_cuts(ast: KernelNode, leaves: list[KernelNode]) -> KernelNode:
   gradients into (batch, tokens, 3 x width), the heads' layout below): each axis cut where a lower view cuts it
   (_axis_cuts), if then no leaf has more views and some have fewer."""
   shape = ast.arg[1].shape
+  refined = tuple(p for axis in _cut_axes(shape, leaves) for p in axis)
+  if refined == shape: return ast
+  old = [len(n.arg[1].views) for n in leaves + [ast]]
+  new = [len(n.arg[1].reshape(refined).views) for n in leaves + [ast]]
+  if any(a > b for a, b in zip(new, old)) or sum(new) >= sum(old): return ast
+  return rewrite(ast, lambda node, srcs: _reshaped(node, srcs, refined))
+
+
+def _cut_axes(shape: Shape, leaves: list[KernelNode]) -> list[tuple[int, ...]]:
+  """Per axis of `shape`, its pieces: the axis cut wherever a stacked-view leaf's lower view cuts it."""
   cuts: list[set[int]] = [set() for _ in shape]
   for leaf in leaves:
     views = leaf.arg[1].views
     if len(views) < 2: continue
     for i, (size, stride) in enumerate(zip(shape, views[-1].strides)):
       if size > 1 and stride != 0: cuts[i].update(_axis_cuts(size, stride, views[-2].shape))
-  refined = tuple(p for size, axis_cuts in zip(shape, cuts) for p in _pieces(size, axis_cuts))
-  if refined == shape: return ast
-  old = [len(n.arg[1].views) for n in leaves + [ast]]
-  new = [len(n.arg[1].reshape(refined).views) for n in leaves + [ast]]
-  if any(a > b for a, b in zip(new, old)) or sum(new) >= sum(old): return ast
-  return rewrite(ast, lambda node, srcs: _reshaped(node, srcs, refined))
+  return [_pieces(size, axis_cuts) for size, axis_cuts in zip(shape, cuts)]
 
 
 def _axis_cuts(size: int, stride: int, lower: Shape) -> list[int]:
@@ -112,13 +117,7 @@ def _refine_reduce(ast: KernelNode, reduce: KernelNode) -> KernelNode:
   # a row reduce (its output spans the reduce axes) keeps its shape: its second pass is laid out by it
   if out_shape != tuple(1 if i in axes else s for i, s in enumerate(full)): return ast
   below = [n for n in reduce.walk() if n.op in (BufferOps.LOAD, BufferOps.CONST)]
-  cuts: list[set[int]] = [set() for _ in full]
-  for leaf in below:
-    views = leaf.arg[1].views
-    if len(views) < 2: continue
-    for i, (size, stride) in enumerate(zip(full, views[-1].strides)):
-      if size > 1 and stride != 0: cuts[i].update(_axis_cuts(size, stride, views[-2].shape))
-  pieces = [_pieces(size, axis_cuts) for size, axis_cuts in zip(full, cuts)]
+  pieces = _cut_axes(full, below)
   refined = tuple(p for axis in pieces for p in axis)
   if refined == full: return ast
   new_axes, at = [], 0
