@@ -97,8 +97,8 @@ def run(args, library: str, which: str) -> dict:
   env = dict(os.environ, THREADS=str(args.threads), OMP_NUM_THREADS=str(args.threads), PYTHONPATH=str(REPO_ROOT),
              MALLOC_MMAP_THRESHOLD_="131072")
   cmd = [sys.executable, __file__, "--worker", library, "--worker-pass", which, "--length", str(args.length),
-         "--heads", str(args.heads), "--dim", str(args.dim), "--threads", str(args.threads), "--repeats", str(args.repeats),
-         "--batch", str(args.batch)] + (["--full"] if args.full else [])
+         "--heads", str(args.heads), "--dim", str(args.dim), "--threads", str(args.threads), "--repeats",
+         str(args.repeats), "--batch", str(args.batch)] + (["--full"] if args.full else [])
   done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
   if done.returncode != 0: return {"error": done.stderr.strip().splitlines()[-1]}
   return json.loads(done.stdout.strip().splitlines()[-1])
@@ -118,9 +118,8 @@ def main() -> None:
   args = parser.parse_args()
   if args.worker: return worker(args)
   score_mb = args.batch * args.heads * args.length * args.length * 4 / 2 ** 20
-  print(f"{'full' if args.full else 'causal'} attention, T {args.length}, {args.heads} heads, d {args.dim}, batch {args.batch}, "
-        f"float32, {args.threads} threads "
-        f"(the T x T float32 scores of every head: {score_mb:.0f} MB)")
+  print(f"{'full' if args.full else 'causal'} attention, T {args.length}, {args.heads} heads, d {args.dim}, "
+        f"batch {args.batch}, float32, {args.threads} threads (the T x T float32 scores of every head: {score_mb:.0f} MB)")
   print("| pass | library | ms | peak MB | ms / torch | peak / materialized |")
   print("|---|---|---|---|---|---|")
   for which in PASSES:

@@ -14,9 +14,9 @@ ops, compares (lane masks, stored as bool bytes), selects and max (bit blends th
 vector operations. Anything else is the scalar expression per lane, written as the vector's initializer:
 gcc's SLP vectorizer makes one instruction of the lanes where the target has one (sqrtf: vsqrtps), where
 a loop over the lanes stays scalar (gcc's loop vectorizer is off, runtime/cc.py); libm calls stay one per
-lane (measured, a 16-lane loop of exp2 ran 4x slower than the vector function). Vector loads and stores go through a typedef aligned to the element, since a lane group
-may start anywhere. Scalar float32 exp2 and log2 call the scalar polynomials (no libm call in a
-kernel's hot loop); float64 and float16 keep libm.
+lane (measured, a 16-lane loop of exp2 ran 4x slower than the vector function). Vector loads and stores
+go through a typedef aligned to the element, since a lane group may start anywhere. Scalar float32 exp2
+and log2 call the scalar polynomials (no libm call in a kernel's hot loop); float64 and float16 keep libm.
 A streaming store (the IR's STORE "stream") is one AVX instruction in inline assembly, as gcc has no
 portable builtin for it, behind a helper named for the vector type; such stores are weakly ordered,
 so the function ends with a store fence (tc_stream_fence) and every write is visible when it returns.
@@ -156,8 +156,9 @@ class CRenderer:
     for applies, render in VECTOR_RULES:
       if applies(u): return render(self, u, s, name, vtype)
     cast = "(_Bool)" if u.dtype == dtypes.bool else ""
-    lanes = [f"{cast}({self.alu(u, [f'{x}[{i}]' if src.vec > 1 else x for x, src in zip(s, u.srcs)])})" for i in range(u.vec)]
-    return [f"{vtype} {name} = {{{', '.join(lanes)}}};"]
+    def lane(i: int) -> str:
+      return f"{cast}({self.alu(u, [f'{x}[{i}]' if src.vec > 1 else x for x, src in zip(s, u.srcs)])})"
+    return [f"{vtype} {name} = {{{', '.join(lane(i) for i in range(u.vec))}}};"]
 
   def splats(self, u: UOp, s: list[str]) -> list[str]:
     """Every source as a vector (scalars broadcast)."""
