@@ -71,8 +71,9 @@ class _Program:
       array, offset = self.placed.get(cat, (self.names[cat], 0))
       self.placed[out] = (array, offset + start)
       self.data.append(f"static {out.dtype.c_name}* const {name} = {array} + {offset + start};")
-    # aligned as tinychad's own buffers are: a kernel's SIMD and streaming stores assume it
-    else: self.data.append(f"static {out.dtype.c_name} {name}[{max(out.size, 1)}] __attribute__((aligned(64)));")
+    else:
+      # aligned as tinychad's own buffers are: a kernel's SIMD and streaming stores assume it
+      self.data.append(f"static {out.dtype.c_name} {name}[{max(out.size, 1)}] __attribute__((aligned(64)));")
     if not item.is_kernel or out.size == 0: return
     program = lower_item(item)
     program = dataclasses.replace(program, name=f"k{number}_{program.name}")
