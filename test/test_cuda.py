@@ -115,6 +115,8 @@ def fake_cuda(monkeypatch):
   from tinychad.runtime.ops_cuda import CUDADevice
 
   def install(lib):
+    # the default device is picked before the fake driver is in, so that a first pick under it isn't kept after
+    monkeypatch.setattr(Device, "_default", Device.DEFAULT)
     device = CUDADevice("CUDA", Driver(lib))
     monkeypatch.setattr(cuda_driver, "unavailable_reason", lambda names=None: None)
     monkeypatch.setitem(Device._devices, "CUDA", device)
