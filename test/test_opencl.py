@@ -108,6 +108,47 @@ def test_few_long_reduces_are_grouped():
   assert program.parallel == (GROUP_REDUCE_THREADS, 6, 1, GROUP_REDUCE_THREADS, 1, 1)
 
 
+def test_grid_folds_where_a_dimension_passes_the_block_limit():
+  """CUDA launches at most 65535 work-groups along dimensions 1 and 2: a sum over the middle axis of
+  (70000, 3, 128) would need 70000 groups of 128 along dimension 1, so its rows fold into dimension 0
+  (2^31 - 1) with the columns."""
+  x = Tensor(np.zeros((70000, 3, 128), np.float32), device="NUMPY")
+  program = _program(x.sum(1))
+  grid, local = program.parallel[:3], program.parallel[3:]
+  blocks = [g // l for g, l in zip(grid, local)]
+  assert all(b <= limit for b, limit in zip(blocks, gpu.MAX_GRID_BLOCKS)) and np.prod(grid) >= 70000 * 128
+  assert [u.arg[:2] for u in program.uops if u.op is UOps.SPECIAL] == [("gidx_fold0", "global")]
+  # under the limit the loops keep a dimension each
+  assert len([u for u in _program(x[:60000].sum(1)).uops if u.op is UOps.SPECIAL]) == 2
+
+
+@pytest.fixture
+def tiny_grid(monkeypatch):
+  """OPENCL lowering every kernel afresh under a limit of 2 work-groups along dimensions 1 and 2, so kernels
+  of test sizes fold as a GPU's would at 65535 (and grouped reduces and work-group tiles that don't fit decline)."""
+  from tinychad.engine import realize
+  device = Device["OPENCL"]
+  monkeypatch.setattr(gpu, "MAX_GRID_BLOCKS", (2**31 - 1, 2, 2))
+  monkeypatch.setattr(realize, "_recorded", lambda device, key: None)
+  monkeypatch.setattr(device, "programs", {})
+  monkeypatch.setattr(device, "local_memory", True)
+  return device
+
+
+@needs_opencl
+def test_folded_grids_compute_the_same(tiny_grid):
+  a = rng.standard_normal((3, 5, 7, 9)).astype(np.float32)
+  b = rng.standard_normal((9, 5, 3, 7)).astype(np.float32)
+  assert_both(lambda x, y: x.permute(3, 1, 0, 2) + y, a, b)
+  assert_both(lambda x: x.permute(2, 0, 3, 1).sum(2), a)
+  assert_both(lambda x: x.sum(1), rng.standard_normal((6, 1000)).astype(np.float32), atol=1e-4)
+  p, q = rng.standard_normal((5, 70, 33)).astype(np.float32), rng.standard_normal((5, 33, 40)).astype(np.float32)
+  assert_both(lambda x, y: x @ y, p, q, atol=1e-4)
+  for kernel in tiny_grid.programs.values():
+    blocks = [g // l for g, l in zip(kernel.parallel[:3], kernel.parallel[3:])]
+    assert blocks[1] <= 2 and blocks[2] <= 2, kernel.parallel
+
+
 @pytest.fixture(params=["register tile", "no register tile"])
 def local_tiles(request, monkeypatch):
   """OPENCL lowering matmul-shaped kernels through work-group memory as on a GPU (PoCL's is ordinary
@@ -133,6 +174,11 @@ def test_local_tiled_kernels(local_tiles):
   """Batched, fused, transposed, 1x1-convolution and other-dtype kernels through the tiles, forward and backward."""
   a, b = rng.standard_normal((3, 37, 24)).astype(np.float32), rng.standard_normal((3, 24, 45)).astype(np.float32)
   assert_both(lambda x, y: x @ y, a, b, atol=1e-4)
+  # two batch axes (one operand's permuted, so they don't merge): the group's batch index is folded from both
+  a, b = rng.standard_normal((3, 2, 17, 20)).astype(np.float32), rng.standard_normal((2, 3, 20, 19)).astype(np.float32)
+  program = _program(Tensor(a, device="NUMPY").permute(1, 0, 2, 3) @ Tensor(b, device="NUMPY"), local_memory=True)
+  assert ("gidx_batch", "group", 2) in [u.arg for u in program.uops if u.op is UOps.SPECIAL]
+  assert_both(lambda x, y: x.permute(1, 0, 2, 3) @ y, a, b, atol=1e-4)
   w, bias = rng.standard_normal((50, 33)).astype(np.float32), rng.standard_normal(50).astype(np.float32)
   x = rng.standard_normal((21, 33)).astype(np.float32)
   assert_both(lambda x, w, bias: x.linear(w.T, bias).relu().exp(), x, w, bias, atol=1e-4)
@@ -149,6 +195,38 @@ def test_local_tiled_kernels(local_tiles):
   want = 2 * (x @ w.T)
   np.testing.assert_allclose(xs.grad.numpy(), want @ w, atol=1e-3, rtol=1e-5)
   np.testing.assert_allclose(ws.grad.numpy(), want.T @ x, atol=1e-3, rtol=1e-5)
+
+
+def _tiled(t: Tensor) -> bool:
+  return any(u.op is UOps.RANGE and u.arg[0].endswith("_tile") for u in _program(t, local_memory=True).uops)
+
+
+def test_convolutions_tile_as_implicit_matmuls():
+  """A convolution's kernel is a matrix product whose rows are (batch, height, width), its columns the output
+  channels and its reduce (channels, kernel window) several loops: it tiles through work-group memory too."""
+  x = Tensor(np.ones((4, 8, 10, 10), np.float32), device="NUMPY")
+  w = Tensor(np.ones((16, 8, 3, 3), np.float32), device="NUMPY")
+  program = _program(x.conv2d(w, padding=1), local_memory=True)
+  assert [u.arg[1] for u in program.uops if u.op is UOps.RANGE and u.arg[0].endswith("_tile")] == [-(-8 * 9 // TILE_K)]
+  assert all(_tiled(t) for t in (x.conv2d(w), x.conv2d(w, stride=2), x.conv2d(w[:, :4], groups=2)))
+  assert not _tiled(x.max_pool2d(2))       # a 2x2 window: too short a reduce
+
+
+@needs_opencl
+@pytest.mark.parametrize("shape, kernel, kwargs", [((2, 5, 9, 11), (7, 5, 3, 3), {"padding": 1}),
+                                                  ((3, 4, 12, 10), (9, 4, 5, 5), {"stride": 2, "padding": 2}),
+                                                  ((2, 6, 8, 8), (6, 3, 3, 3), {"groups": 2, "dilation": 2}),
+                                                  ((1, 3, 17, 13), (20, 3, 3, 2), {})])
+def test_local_tiled_convolutions(local_tiles, shape, kernel, kwargs):
+  """Convolutions through the tiles at sizes the tiles don't divide, forward and both gradients."""
+  x, w = rng.standard_normal(shape).astype(np.float32), rng.standard_normal(kernel).astype(np.float32)
+  results = []
+  for device in ("OPENCL", "NUMPY"):
+    xs, ws = Tensor(x, device=device, requires_grad=True), Tensor(w, device=device, requires_grad=True)
+    out = xs.conv2d(ws, **kwargs)
+    (out * out).sum().backward()
+    results.append([out.numpy(), xs.grad.numpy(), ws.grad.numpy()])
+  for got, want in zip(*results): np.testing.assert_allclose(got, want, atol=1e-3, rtol=1e-4)
 
 
 @pytest.mark.skipif(Device.available("CUDA"), reason="a CUDA GPU is present")

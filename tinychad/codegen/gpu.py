@@ -12,7 +12,9 @@ elements is one vector (`_vector_axis`: a vector load or store). Then:
   - the perfectly nested non-reduce loops at the top of the program (no store before an inner one, nothing
     after it inside its parent) become work-item indices: the innermost one is dimension 0, so
     neighbouring work-items touch neighbouring elements (coalesced), the next dimension 1, and every
-    outer one is folded into dimension 2 (recovered with a divide and a remainder);
+    outer one is folded into dimension 2 (recovered with a divide and a remainder); a dimension that
+    would need more work-groups than MAX_GRID_BLOCKS allows (CUDA launches at most 65535 along 1 and 2)
+    is folded into the one below it instead (`_grid_dims`);
   - a work-group size is chosen per dimension from the loop extents (`work_group`), at most
     MAX_WORK_GROUP work-items; the grid is rounded up to whole groups and an IF keeps the padding
     work-items from running;
@@ -20,11 +22,10 @@ elements is one vector (`_vector_axis`: a vector load or store). Then:
     outputs (a full sum, a bias's gradient) is a grouped reduce (`_grouped_reduce`): GROUP_REDUCE_THREADS work-items share
     each output, each sums a strided slice of the reduce range, and the group adds their partial sums
     in work-group memory, halving with a barrier between steps;
-  - on a device with work-group memory of its own, a matmul-shaped kernel stages tiles of its operands
-    there (localtile.py).
+  - on a device with work-group memory of its own, a matmul- or convolution-shaped kernel stages tiles of
+    its operands there (localtile.py).
 Loops left (reduce loops, a scatter-add's inner loops) run inside each work-item. Flash attention's kernels
 (attention.py) keep their own lowering: each step of their parallel loop is a work-item.
-Not checked: CUDA's limit of 65535 blocks along dimensions 1 and 2 (OpenCL has none); only OpenCL runs.
 """
 from __future__ import annotations
 from tinychad.dtype import VECTOR_DTYPES, dtypes
@@ -43,12 +44,14 @@ REGISTER_TILE_MIN_REDUCE = 16
 GROUP_REDUCE_THREADS = 128       # work-items sharing one output of a grouped reduce (a power of two)
 GROUP_REDUCE_MIN = 256           # shorter reduces stay a loop in one work-item
 GROUP_REDUCE_MAX_OUTPUTS = 2048  # more outputs than this keep the device busy one work-item each
+MAX_GRID_BLOCKS = (2**31 - 1, 65535, 65535)   # work-groups per launch dimension: CUDA's limits; OpenCL has none
 
 
 def lower_gpu(item, local_memory: bool = False) -> Program:
   """The GPU Program of a ScheduleItem's kernel (its `parallel` is the launch geometry). `local_memory`: the
-  device has work-group memory of its own (a GPU), so matmul-shaped kernels stage their operands there
-  (localtile.py); where it is ordinary memory (PoCL on a CPU) that only adds copies and barriers."""
+  device has work-group memory of its own (a GPU), so matmul- and convolution-shaped kernels stage their
+  operands there (localtile.py); where it is ordinary memory (PoCL on a CPU) that only adds copies and
+  barriers."""
   if item.ast.op is LoadOps.ATTENTION:
     # flash attention's kernels (attention.py): each step of their parallel loop (a tile of query rows of one
     # head) becomes a work-item, its scratch array private to it
@@ -61,8 +64,9 @@ def lower_gpu(item, local_memory: bool = False) -> Program:
     vector = _vector_axis(tile, access, dtypes_used, ops_used)
     program = linearize(item.ast, item.name, Opts(tile, vector, order=order, cache_rows=False, stream=False))
   if item.ast.op is not LoadOps.ATTENTION:
-    program = _grouped_reduce(program) or (local_tile(program, _mapped_loops(program.uops)) if local_memory else None) \
-      or to_grid(program)
+    # each of these rewrites the program's uops in place, so the next is tried only where one declined
+    program = _grouped_reduce(program) or \
+      (local_tile(program, _mapped_loops(program.uops), MAX_GRID_BLOCKS) if local_memory else None) or to_grid(program)
   if DEBUG() >= 3:
     print(item.ast.pretty())
     print(program.pretty())
@@ -143,6 +147,7 @@ def _grouped_reduce(program: Program) -> Program | None:
   if extent < GROUP_REDUCE_MIN or outputs > GROUP_REDUCE_MAX_OUTPUTS: return None
   threads, idx = GROUP_REDUCE_THREADS, loop.dtype
   grid = [threads] + [u.arg[1] for u in loops[::-1]] + [1] * (2 - len(loops))
+  if not _fits(grid, [threads, 1, 1]): return None
 
   def new(op: UOps, dtype, srcs=(), arg=None) -> UOp: return UOp(op, dtype, srcs, arg)
 
@@ -185,6 +190,25 @@ def _grouped_reduce(program: Program) -> Program | None:
   return Program(program.name, ordered, program.globals, tuple(grid + [threads, 1, 1]), program.contract)
 
 
+def _fits(grid: list[int], local: list[int]) -> bool:
+  """Whether a launch of `grid` work-items in groups of `local` stays within MAX_GRID_BLOCKS."""
+  return all(-(-size // group) <= limit for size, group, limit in zip(grid, local, MAX_GRID_BLOCKS))
+
+
+def _grid_dims(loops: list[UOp]) -> list[list[UOp]]:
+  """The mapped loops (innermost first) as up to three grid dimensions, each a run of loops folded into one
+  index: the innermost loop alone in dimension 0, the next alone in dimension 1, the rest folded into
+  dimension 2; a dimension whose work-groups would pass MAX_GRID_BLOCKS joins the one below it (dimension
+  0's limit is 2^31 - 1 groups, so that ends)."""
+  dims = [run for run in (loops[:1], loops[1:2], loops[2:]) if run]
+  while True:
+    extents = [prod(u.arg[1] for u in run) for run in dims]
+    blocks = [-(-extent // group) for extent, group in zip(extents, work_group(extents))]
+    over = next((d for d in range(len(dims) - 1, 0, -1) if blocks[d] > MAX_GRID_BLOCKS[d]), None)
+    if over is None: return dims
+    dims[over - 1:over + 1] = [dims[over - 1] + dims[over]]
+
+
 def to_grid(program: Program) -> Program:
   """`program` (plain loops) with its mapped loops replaced by work-item indices and guarded."""
   uops = program.uops
@@ -196,21 +220,27 @@ def to_grid(program: Program) -> Program:
     head.append(u := UOp(op, dtype, srcs, arg))
     return u
 
-  inner, folded = loops[::-1][:2], loops[::-1][2:]
-  extents = [u.arg[1] for u in inner] + ([prod(u.arg[1] for u in folded)] if folded else [])
+  dims = _grid_dims(loops[::-1])
+  extents = [prod(u.arg[1] for u in run) for run in dims]
   local = work_group(extents) + [1] * (3 - len(extents))
   grid = [-(-e // g) * g for e, g in zip(extents, local)] + [1] * (3 - len(extents))
-  for dim, loop in enumerate(inner):
-    loop.op, loop.arg = UOps.SPECIAL, (loop.arg[0], "global", dim)
-  if folded:
-    flat = new(UOps.SPECIAL, idx, (), ("gidx_folded", "global", 2))
+  direct, folded, indices = [], [], []
+  for dim, run in enumerate(dims):
+    if len(run) == 1:
+      run[0].op, run[0].arg = UOps.SPECIAL, (run[0].arg[0], "global", dim)
+      direct.append(run[0])
+      indices.append(run[0])
+      continue
+    flat = new(UOps.SPECIAL, idx, (), (f"gidx_fold{dim}", "global", dim))
     stride = 1
-    for loop in reversed(folded):     # innermost of them first: it changes fastest
+    for loop in run:     # innermost first: it changes fastest
       step = new(UOps.ALU, idx, (flat, new(UOps.CONST, idx, (), stride)), BinaryOps.DIV) if stride > 1 else flat
       loop.op, loop.srcs, loop.arg = UOps.ALU, (step, new(UOps.CONST, idx, (), loop.arg[1])), BinaryOps.MOD
       stride *= loop.srcs[1].arg
+    folded += run
+    indices.append(flat)
   guard = None
-  for index, extent, size in zip([*inner, *([flat] if folded else [])], extents, grid):
+  for index, extent, size in zip(indices, extents, grid):
     if size == extent: continue
     inside = new(UOps.ALU, dtypes.bool, (index, new(UOps.CONST, idx, (), extent)), BinaryOps.CMPLT)
     guard = inside if guard is None else new(UOps.ALU, dtypes.bool, (guard, inside), BinaryOps.AND)
@@ -218,7 +248,7 @@ def to_grid(program: Program) -> Program:
   moved = {id(u) for u in loops} | {id(u) for u in head}
   body = [u for u in uops if id(u) not in moved and not (u.op is UOps.ENDRANGE and id(u.srcs[0]) in moved)]
   tops = [u for u in body if u.op in (UOps.DEFINE_GLOBAL, UOps.DEFINE_LOCAL)]
-  ordered = tops + inner + head + folded
+  ordered = tops + direct + head + folded
   if guard is not None: ordered.append(UOp(UOps.IF, None, (guard,)))
   ordered += [u for u in body if u.op not in (UOps.DEFINE_GLOBAL, UOps.DEFINE_LOCAL)]
   if guard is not None: ordered.append(UOp(UOps.ENDIF, None))
