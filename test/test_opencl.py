@@ -212,6 +212,16 @@ def test_convolutions_tile_as_implicit_matmuls():
   assert not _tiled(x.max_pool2d(2))       # a 2x2 window: too short a reduce
 
 
+def test_tiles_stay_within_the_work_group_memory(monkeypatch):
+  from tinychad.codegen import localtile
+  a, b = (Tensor(np.ones(s, np.float32), device="NUMPY") for s in ((64, 40), (40, 48)))
+  # A's four tile rows of 8 x 16 floats and B's 16 x 12 vectors of 4: 2048 + 3072 bytes
+  monkeypatch.setattr(localtile, "LOCAL_TILE_MAX_BYTES", 5120)
+  assert _tiled(a @ b)
+  monkeypatch.setattr(localtile, "LOCAL_TILE_MAX_BYTES", 5119)
+  assert not _tiled(a @ b)
+
+
 @needs_opencl
 @pytest.mark.parametrize("shape, kernel, kwargs", [((2, 5, 9, 11), (7, 5, 3, 3), {"padding": 1}),
                                                   ((3, 4, 12, 10), (9, 4, 5, 5), {"stride": 2, "padding": 2}),

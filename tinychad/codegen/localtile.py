@@ -16,10 +16,10 @@ out: the GPU Program as an implicit matrix product, or None where the kernel doe
      global reads.
 What qualifies: perfectly nested reduce loops of at least TILE_K steps in all, right inside the output loops,
 their body without loops, ifs or stores; at least one load of each kind, none reading along both, none along
-one without the reduce; nothing loaded before the reduce. Elements past an edge (a row, a column or a reduce
-step beyond the extent: sizes the tile doesn't divide, a load's own gate) are copied as 0 and never used:
-the reduce body runs under an IF for a partial last step, and the results are stored under an IF for the
-padding work-items, which must still reach every barrier.
+one without the reduce, their arrays within LOCAL_TILE_MAX_BYTES; nothing loaded before the reduce. Elements
+past an edge (a row, a column or a reduce step beyond the extent: sizes the tile doesn't divide, a load's own
+gate) are copied as 0 and never used: the reduce body runs under an IF for a partial last step, and the
+results are stored under an IF for the padding work-items, which must still reach every barrier.
 """
 from __future__ import annotations
 from tinychad.dtype import dtypes
@@ -31,6 +31,7 @@ TILE_K = 16              # reduce steps staged per copy
 TILE_COLUMNS = 16        # work-items of a group along the columns (dimension 0)
 TILE_WORK_ITEMS = 128    # work-items of a group in all (gpu.py's MAX_WORK_GROUP)
 LOCAL_TILE_MIN_OUTPUTS = 64   # fewer work-items than this: the copies cost more than the reuse gives
+LOCAL_TILE_MAX_BYTES = 32 * 1024   # the work-group memory every OpenCL device has (CUDA: 48 KiB without opting in)
 
 
 def _loops_read(uops: list[UOp]) -> dict[int, set[int]]:
@@ -79,6 +80,8 @@ def local_tile(program: Program, loops: list[UOp], max_blocks: tuple[int, int, i
   local_cols = min(TILE_COLUMNS, cols)
   local_rows = min(1 << ((TILE_WORK_ITEMS // local_cols).bit_length() - 1), rows)
   threads = local_cols * local_rows
+  across = {"A": local_rows, "B": local_cols}
+  if sum(across[kind] * TILE_K * u.vec * u.dtype.itemsize for u, kind in staged) > LOCAL_TILE_MAX_BYTES: return None
   if any(blocks > limit for blocks, limit in zip((-(-cols // local_cols), -(-rows // local_rows), batch), max_blocks)):
     return None
 
