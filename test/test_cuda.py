@@ -1,12 +1,15 @@
-"""The CUDA device. Two kinds of tests:
+"""The CUDA device. Three kinds of tests:
   - everywhere: its error paths and its plumbing, against a fake driver (FakeLib below: libcuda's functions,
     with memory that is host bytes and launches that are only recorded): no driver, no GPU, a driver older
     than NVRTC, every CUresult turned into an error naming the call, out-of-memory as MemoryError, the
     architecture NVRTC compiles for, the copies, the launch geometry and arguments, the device choice;
-  - where a GPU is present (skipped elsewhere, the reason saying "no CUDA GPU"): a training step and a TinyJit
-    replay against the CPU, a real out-of-memory. The property tests against the NUMPY reference and gradients
-    across .to("CUDA") are test_gpu_devices.py's (for OPENCL too); the op suite runs on CUDA through
-    conftest's `each_device` where a GPU is present.
+  - computing (the `cuda` fixture): a training step against the CPU, a TinyJit replay, and the ~130 kernels of
+    test_opencl.py's sample against NUMPY, on the GPU where one is present and everywhere on the host-run
+    device (test/cuda_host.py: each module's CUDA C built by g++, launched by the C fake driver);
+  - where a GPU is present (skipped elsewhere, the reason saying "no CUDA GPU"): a real out-of-memory.
+The property tests against the NUMPY reference and gradients across .to("CUDA") are test_gpu_devices.py's (for
+OPENCL and the host-run device too); the op suite runs on CUDA through conftest's `each_device` where a GPU is
+present, and on the host-run device with TEST_CUDA_HOST=1.
 test/fake_libcuda.c is the fake driver in C: the same calls across a real C ABI.
 The CUDA C of every kernel of the op suite and of the bench models compiles to PTX with NVRTC in
 test/test_opencl.py; here the same kernels build to sm_90 cubins (what the device loads on an H100), and the
@@ -15,7 +18,6 @@ flash-attention kernels, which that sample lacks, both compile and run through t
 from __future__ import annotations
 import ctypes
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -28,6 +30,7 @@ from tinychad.nn.state import get_parameters
 from tinychad.runtime import cuda_driver
 from tinychad.runtime.cuda_driver import CUDAError, CUDAOutOfMemory, CUDAUnavailable, Driver, too_old
 from tinychad.runtime.nvrtc import load_nvrtc
+from cuda_host import build_fake_driver, host_unavailable, install
 
 has_cuda = Device.available("CUDA")
 needs_cuda = pytest.mark.skipif(not has_cuda, reason=f"no CUDA GPU: {cuda_driver.unavailable_reason()}")
@@ -291,13 +294,11 @@ def test_a_grid_too_big_for_the_gpu_is_a_clear_error(fake_cuda):
 
 @pytest.fixture(scope="module")
 def c_driver(tmp_path_factory):
-  """test/fake_libcuda.c built into a shared library: (libcuda's functions as the device loads them, the library)."""
-  compiler = shutil.which("gcc") or shutil.which("clang") or shutil.which("cc")
-  if compiler is None: pytest.skip("no C compiler for the fake driver")
-  path = tmp_path_factory.mktemp("fake_cuda") / "libcuda.so.1"
-  subprocess.run([compiler, "-shared", "-fPIC", "-O1", "-Wall", "-Werror", "-o", str(path),
-                  str(Path(__file__).parent / "fake_libcuda.c")], check=True, capture_output=True)
-  return cuda_driver.load_library((str(path),)), ctypes.CDLL(str(path))
+  """test/fake_libcuda.c built into a shared library of this module's own: (libcuda's functions as the device
+  loads them, the library)."""
+  built = build_fake_driver(tmp_path_factory.mktemp("fake_cuda"))
+  if built is None: pytest.skip("no C compiler for the fake driver")
+  return built
 
 
 @needs_nvrtc
@@ -405,13 +406,37 @@ def _train_steps(device: str, steps: int = 3) -> list[float]:
     Device.DEFAULT = previous
 
 
-@needs_cuda
-def test_training_step_matches_cpu():
-  np.testing.assert_allclose(_train_steps("CUDA"), _train_steps("CPU"), rtol=1e-4)
+@pytest.fixture(params=[pytest.param("GPU", marks=needs_cuda),
+                        pytest.param("host", marks=pytest.mark.skipif(host_unavailable() is not None,
+                                                                      reason=str(host_unavailable())))])
+def cuda(request, monkeypatch) -> str:
+  """Device "CUDA" on the GPU, and on the host: the fake C driver running each module's CUDA C compiled for
+  the host (test/cuda_host.py), so these tests compute through the CUDA dialect on every machine."""
+  if request.param == "host": install(monkeypatch)
+  return "CUDA"
 
 
-@needs_cuda
-def test_jit_replay_on_cuda():
+def test_training_step_matches_cpu(cuda):
+  np.testing.assert_allclose(_train_steps(cuda), _train_steps("CPU"), rtol=1e-4)
+
+
+def test_the_sample_computes_as_on_numpy(cuda):
+  """Every kernel of test_opencl.py's sample (a GPT and a CNN training step with Adam, ops over every dtype:
+  the kernels the NVRTC tests compile) computes what NUMPY does."""
+  from test_opencl import sample_workload
+  results = {}
+  for device in (cuda, "NUMPY"):
+    previous, Device.DEFAULT = Device.DEFAULT, device
+    try:
+      results[device] = [out.numpy() for out in sample_workload()]
+    finally:
+      Device.DEFAULT = previous
+  for got, want in zip(results[cuda], results["NUMPY"]):
+    assert got.dtype == want.dtype and got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_jit_replay_on_cuda(cuda):
   w = Tensor(rng.standard_normal((32, 16)).astype(np.float32), device="CUDA")
   step = TinyJit(lambda x: (x @ w).relu().sum(1))
   for i in range(4):

@@ -1,8 +1,9 @@
 """Property tests every GPU-style device passes against the NUMPY reference: odd sizes that don't divide a
 work-group, 0-size dims, non-contiguous views, every dtype, and moving tensors with their gradients.
 
-The devices: OPENCL (where pyopencl and a platform are installed: PoCL on CI) and CUDA (where a GPU, its driver
-and NVRTC are). What is particular to one device (launch geometry, the kernel cache, fake drivers, errors) is in
+The devices: OPENCL (where pyopencl and a platform are installed: PoCL on CI), CUDA (where a GPU, its driver
+and NVRTC are) and CUDA-host, the CUDA device with its kernels run on the host (test/cuda_host.py: wherever
+g++ and NVRTC are). What is particular to one device (launch geometry, the kernel cache, fake drivers, errors) is in
 test_opencl.py and test_cuda.py; the op suite runs on both through conftest's device lists.
 """
 from __future__ import annotations
@@ -11,18 +12,23 @@ import pytest
 from tinychad import Tensor, dtypes
 from tinychad.device import Device
 from tinychad.runtime import cuda_driver
+from cuda_host import host_unavailable, install
 
 GPU_DEVICES = [
   pytest.param("OPENCL", marks=pytest.mark.skipif(not Device.available("OPENCL"),
                                                   reason="no OpenCL platform (apt-get install pocl-opencl-icd)")),
   pytest.param("CUDA", marks=pytest.mark.skipif(not Device.available("CUDA"),
                                                 reason=f"no CUDA GPU: {cuda_driver.unavailable_reason()}")),
+  pytest.param("CUDA-host", marks=pytest.mark.skipif(host_unavailable() is not None, reason=str(host_unavailable()))),
 ]
 rng = np.random.default_rng(0)
 
 
 @pytest.fixture(params=GPU_DEVICES)
-def device(request) -> str: return request.param
+def device(request, monkeypatch) -> str:
+  if request.param != "CUDA-host": return request.param
+  install(monkeypatch)      # CUDA's kernels run on the host (test/cuda_host.py)
+  return "CUDA"
 
 
 def on_both(device: str, fn, *arrays: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

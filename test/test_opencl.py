@@ -282,43 +282,50 @@ def test_device_memory_errors():
     Tensor.empty(1 << 62, dtype=dtypes.uint8, device="OPENCL").realize()
 
 
-@functools.lru_cache(maxsize=None)
-def _sample_kernels() -> tuple:
-  """The ScheduleItem of every kernel of: a sample of ops over every dtype, a conv net's training step with
-  Adam (bench/cnn_train.py's), and bench/gpt.py's GPT forward and a training step of it. They run on NUMPY
-  (fast to run, nothing to compile) and every kernel run is captured."""
+def sample_workload() -> list[Tensor]:
+  """On the default device: a sample of ops over every dtype, a conv net's training step with Adam
+  (bench/cnn_train.py's), and bench/gpt.py's GPT forward and a training step of it; their results (the
+  losses, the weights after the step, the ops' outputs), realized."""
   sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
   from bench.gpt import VOCAB, tensor_gpt, weight_shapes
   from tinychad.nn.optim import Adam
+  Tensor.manual_seed(0)
+  w = {name: (Tensor.randn(*shape) * 0.02).requires_grad_() for name, shape in weight_shapes(8).items()}
+  logits = tensor_gpt(w, Tensor.randint(0, VOCAB, size=(2, 8)))
+  opt = Adam(list(w.values()), lr=1e-3)
+  gpt_loss = logits.reshape(16, VOCAB).cross_entropy(Tensor.randint(0, VOCAB, size=(16,)))
+  gpt_loss.backward()
+  opt.step()
+  x = Tensor.randn(4, 1, 28, 28)
+  conv1, conv2 = Tensor.randn(32, 1, 5, 5, requires_grad=True), Tensor.randn(64, 32, 5, 5, requires_grad=True)
+  fc = Tensor.randn(10, 1024, requires_grad=True)
+  opt = Adam([conv1, conv2, fc], lr=1e-3)
+  h = x.conv2d(conv1).relu().max_pool2d(2).conv2d(conv2).relu().max_pool2d(2)
+  cnn_loss = h.flatten(1).linear(fc.T).cross_entropy(Tensor.randint(0, 10, size=(4,)))
+  cnn_loss.backward()
+  opt.step()
+  table = Tensor.randn(10, 6, requires_grad=True)
+  picked = table[Tensor([1, 3, 3, 9, 0])]
+  (picked * picked).sum().backward()
+  outs = [gpt_loss, *w.values(), cnn_loss, conv1, conv2, fc, table.grad]
+  for dtype in (dtypes.float16, dtypes.float64, dtypes.int8, dtypes.uint8, dtypes.int16, dtypes.int64, dtypes.bool):
+    a = Tensor([[1, 0, 3], [4, 5, 0]], dtype=dtype)
+    outs += [(a + a) * a, a.max(1), a < a.T.reshape(2, 3), a.cast(dtypes.float32).exp() if dtype != dtypes.bool else a]
+  f = Tensor.randn(33, 17)
+  outs += [f.sin() / f.sqrt() % 3, f.bitcast(dtypes.int32) // 7, (f @ f.T).softmax(), f.cumsum(0), f.trunc(),
+           Tensor.randn(5, 3000).sum(1), Tensor.randn(700).max(), Tensor.randn(3, 40, 24) @ Tensor.randn(3, 24, 45),
+           Tensor.randn(30, 40).cast(dtypes.float64) @ Tensor.randn(40, 20).cast(dtypes.float64),
+           Tensor.randint(0, 9, size=(30, 40)) @ Tensor.randint(0, 9, size=(40, 20))]
+  for out in outs: out.realize()
+  return outs
+
+
+@functools.lru_cache(maxsize=None)
+def _sample_kernels() -> tuple:
+  """The ScheduleItem of every kernel of sample_workload(), run on NUMPY (fast to run, nothing to compile)."""
   previous, Device.DEFAULT = Device.DEFAULT, "NUMPY"
   try:
-    with capture() as steps:
-      Tensor.manual_seed(0)
-      w = {name: (Tensor.randn(*shape) * 0.02).requires_grad_() for name, shape in weight_shapes(8).items()}
-      logits = tensor_gpt(w, Tensor.randint(0, VOCAB, size=(2, 8)))
-      opt = Adam(list(w.values()), lr=1e-3)
-      logits.reshape(16, VOCAB).cross_entropy(Tensor.randint(0, VOCAB, size=(16,))).backward()
-      opt.step()
-      x = Tensor.randn(4, 1, 28, 28)
-      conv1, conv2 = Tensor.randn(32, 1, 5, 5, requires_grad=True), Tensor.randn(64, 32, 5, 5, requires_grad=True)
-      fc = Tensor.randn(10, 1024, requires_grad=True)
-      opt = Adam([conv1, conv2, fc], lr=1e-3)
-      h = x.conv2d(conv1).relu().max_pool2d(2).conv2d(conv2).relu().max_pool2d(2)
-      h.flatten(1).linear(fc.T).cross_entropy(Tensor.randint(0, 10, size=(4,))).backward()
-      opt.step()
-      table = Tensor.randn(10, 6, requires_grad=True)
-      picked = table[Tensor([1, 3, 3, 9, 0])]
-      (picked * picked).sum().backward()
-      outs = [table.grad]
-      for dtype in (dtypes.float16, dtypes.float64, dtypes.int8, dtypes.uint8, dtypes.int16, dtypes.int64, dtypes.bool):
-        a = Tensor([[1, 0, 3], [4, 5, 0]], dtype=dtype)
-        outs += [(a + a) * a, a.max(1), a < a.T.reshape(2, 3), a.cast(dtypes.float32).exp() if dtype != dtypes.bool else a]
-      f = Tensor.randn(33, 17)
-      outs += [f.sin() / f.sqrt() % 3, f.bitcast(dtypes.int32) // 7, (f @ f.T).softmax(), f.cumsum(0), f.trunc(),
-               Tensor.randn(5, 3000).sum(1), Tensor.randn(700).max(), Tensor.randn(3, 40, 24) @ Tensor.randn(3, 24, 45),
-               Tensor.randn(30, 40).cast(dtypes.float64) @ Tensor.randn(40, 20).cast(dtypes.float64),
-               Tensor.randint(0, 9, size=(30, 40)) @ Tensor.randint(0, 9, size=(40, 20))]
-      for out in outs: out.realize()
+    with capture() as steps: sample_workload()
   finally:
     Device.DEFAULT = previous
   return tuple({(item.ast, item.name): item for item, _ in steps if item is not None and item.is_kernel}.values())
