@@ -436,6 +436,12 @@ def test_the_sample_computes_as_on_numpy(cuda):
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
 
 
+def test_a_grid_past_65535_blocks_folds(cuda):
+  """65,600 rows of 128 would be 65,600 blocks along y, which CUDA refuses: the lowering folds them into x."""
+  x = (np.arange(65600 * 2 * 128) % 7).astype(np.float32).reshape(65600, 2, 128)
+  np.testing.assert_array_equal(Tensor(x, device=cuda).sum(1).numpy(), x.sum(1))
+
+
 def test_jit_replay_on_cuda(cuda):
   w = Tensor(rng.standard_normal((32, 16)).astype(np.float32), device="CUDA")
   step = TinyJit(lambda x: (x @ w).relu().sum(1))
