@@ -383,7 +383,7 @@ def test_forcing_cuda_says_why_it_cannot_run():
     assert cuda_driver.unavailable_reason() in out.stderr and "Segmentation" not in out.stderr
 
 
-# ---- where a GPU is present ----
+# ---- computing: on a GPU where one is present, and everywhere on the host-run device ----
 
 def _train_steps(device: str, steps: int = 3) -> list[float]:
   """Losses of a small conv net trained with Adam on `device`, the same data and weights on every device."""
@@ -418,6 +418,47 @@ def cuda(request, monkeypatch) -> str:
 
 def test_training_step_matches_cpu(cuda):
   np.testing.assert_allclose(_train_steps(cuda), _train_steps("CPU"), rtol=1e-4)
+
+
+def _model_losses(device: str, name: str, steps: int = 3) -> list[float]:
+  """Losses of a small ResNet, GPT or ViT trained with AdamW on `device`, from the same seed and data."""
+  from tinychad.models.gpt import GPT, GPTConfig
+  from tinychad.models.resnet import BasicBlock, ResNet
+  from tinychad.models.vit import ViT, ViTConfig
+  from tinychad.nn.optim import AdamW
+  data = np.random.default_rng(1)
+  images, classes = data.standard_normal((4, 3, 16, 16)).astype(np.float32), data.integers(0, 10, 4)
+  tokens = data.integers(0, 64, (2, 33))
+  previous, Device.DEFAULT = Device.DEFAULT, device
+  Tensor.manual_seed(0)
+  try:
+    if name == "resnet":
+      model = ResNet(BasicBlock, [1, 1, 1, 1], num_classes=10, width=8, small_input=True)
+      loss_of = lambda: model(Tensor(images)).cross_entropy(Tensor(classes))
+    elif name == "gpt":
+      model = GPT(GPTConfig(block_size=32, vocab_size=64, n_layer=2, n_head=2, n_embd=32))
+      loss_of = lambda: model(Tensor(tokens[:, :-1]), Tensor(tokens[:, 1:]))[1]
+    else:
+      model = ViT(ViTConfig(img_size=16, patch_size=4, num_classes=10, embed_dim=32, depth=2, num_heads=2))
+      loss_of = lambda: model(Tensor(images)).cross_entropy(Tensor(classes))
+    model.train()
+    opt = AdamW(get_parameters(model), lr=1e-3)
+    losses = []
+    for _ in range(steps):
+      opt.zero_grad()
+      loss = loss_of()
+      loss.backward()
+      opt.step()
+      losses.append(loss.item())
+    return losses
+  finally:
+    Device.DEFAULT = previous
+
+
+@pytest.mark.parametrize("name", ["resnet", "gpt", "vit"])
+def test_models_train_as_on_the_cpu(cuda, name):
+  """BatchNorm, convolutions through work-group tiles, flash attention, LayerNorm, embeddings, AdamW."""
+  np.testing.assert_allclose(_model_losses(cuda, name), _model_losses("CPU", name), rtol=1e-4)
 
 
 def test_the_sample_computes_as_on_numpy(cuda):
