@@ -14,6 +14,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
+import platform
 import re
 import shutil
 import subprocess
@@ -114,13 +115,15 @@ def build_fake_driver(directory: Path) -> tuple[ctypes.CDLL, ctypes.CDLL] | None
 
 @functools.lru_cache(maxsize=None)
 def fake_driver() -> tuple[ctypes.CDLL, ctypes.CDLL] | None:
-  """The fake driver the host-run device uses, built once per process."""
-  return build_fake_driver(Path(tempfile.mkdtemp(prefix="fake_cuda")))
+  """The fake driver the host-run device uses, built once per process (the file goes once it is loaded)."""
+  with tempfile.TemporaryDirectory(prefix="fake_cuda") as tmp: return build_fake_driver(Path(tmp))
 
 
 def host_unavailable() -> str | None:
   """Why the host-run CUDA device can't be made here, or None."""
   from tinychad.runtime.nvrtc import load_nvrtc
+  # the fake driver tells a host object from a cubin by the ELF machine: x86-64's (a cubin's is CUDA's)
+  if platform.machine() != "x86_64": return f"host-run CUDA needs an x86-64 host, this is {platform.machine()}"
   if shutil.which("g++") is None: return "no g++ to build CUDA modules for the host"
   if load_nvrtc() is None: return "NVRTC missing (the device asks it which architectures it compiles for)"
   if fake_driver() is None: return "no C compiler for the fake driver"
