@@ -24,7 +24,7 @@ if "TINYCHAD_DATA" not in os.environ and _SHARED_MNIST.exists():
 # CUDA joins wherever a GPU, its driver and NVRTC are there (never on CI: test/test_cuda.py says why not)
 # CUDA_HOST (asked for with TEST_CUDA_HOST=1): the CUDA device with each module's CUDA C built for the host and run
 # there (test/cuda_host.py); only asked for, as each new module is a g++ build of ~0.4 s (the CUDA dialect's
-# property tests, training step and sample run on it in test_gpu_devices.py and test_cuda.py anyway)
+# property tests, training steps and sample run on it in test_gpu_devices.py and test_cuda.py anyway)
 OPENCL_DEVICES = ["OPENCL"] if os.getenv("TEST_OPENCL", "1") != "0" and Device.available("OPENCL") else []
 CUDA_HOST_DEVICES = ["CUDA_HOST"] if os.getenv("TEST_CUDA_HOST") == "1" and host_unavailable() is None else []
 ALL_DEVICES = [name for name in ("NUMPY", "CPU", "LLVM") if Device.available(name)] + OPENCL_DEVICES + \
@@ -63,10 +63,11 @@ def each_device(request, set_noopt, monkeypatch):
 @pytest.fixture(params=["default"] + OPENCL_DEVICES + CUDA_HOST_DEVICES)
 def train_device(request, monkeypatch):
   """Makes a training or TinyJit test run on the default device and once more on OPENCL (a GPU-style
-  lowering: its own kernels, launches and device memory), as the default."""
+  lowering: its own kernels, launches and device memory), as the default; with TEST_CUDA_HOST=1 on the
+  host-run CUDA device too."""
   previous = Device.DEFAULT
   if request.param == "CUDA_HOST": install(monkeypatch)
-  if request.param != "default": Device.DEFAULT = request.param.replace("CUDA_HOST", "CUDA")
+  if request.param != "default": Device.DEFAULT = "CUDA" if request.param == "CUDA_HOST" else request.param
   yield Device.DEFAULT
   Device.DEFAULT = previous
 

@@ -3,8 +3,8 @@ work-group, 0-size dims, non-contiguous views, every dtype, and moving tensors w
 
 The devices: OPENCL (where pyopencl and a platform are installed: PoCL on CI), CUDA (where a GPU, its driver
 and NVRTC are) and CUDA-host, the CUDA device with its kernels run on the host (test/cuda_host.py: wherever
-g++ and NVRTC are). What is particular to one device (launch geometry, the kernel cache, fake drivers, errors) is in
-test_opencl.py and test_cuda.py; the op suite runs on both through conftest's device lists.
+g++ and NVRTC are). What is particular to one device (launch geometry, the kernel cache, fake drivers,
+errors) is in test_opencl.py and test_cuda.py; the op suite runs on them through conftest's device lists.
 """
 from __future__ import annotations
 import numpy as np
