@@ -385,25 +385,32 @@ def test_forcing_cuda_says_why_it_cannot_run():
 
 # ---- computing: on a GPU where one is present, and everywhere on the host-run device ----
 
-def _train_steps(device: str, steps: int = 3) -> list[float]:
-  """Losses of a small conv net trained with Adam on `device`, the same data and weights on every device."""
-  Tensor.manual_seed(0)
+def _losses(device: str, build, steps: int = 3) -> list[float]:
+  """Losses of `steps` optimizer steps with `device` as the default; build() -> (optimizer, loss function) is
+  called after the seed is set, so every device starts from the same weights."""
   previous, Device.DEFAULT = Device.DEFAULT, device
+  Tensor.manual_seed(0)
   try:
-    conv, fc = nn.Conv2d(1, 8, 3), nn.Linear(8 * 13 * 13, 10)
-    opt = Adam(get_parameters([conv, fc]), lr=1e-3)
-    data = np.random.default_rng(1).standard_normal((16, 1, 28, 28)).astype(np.float32)
-    labels = np.random.default_rng(2).integers(0, 10, 16)
+    opt, loss_of = build()
     losses = []
     for _ in range(steps):
       opt.zero_grad()
-      loss = fc(conv(Tensor(data)).relu().max_pool2d(2).flatten(1)).cross_entropy(Tensor(labels))
+      loss = loss_of()
       loss.backward()
       opt.step()
       losses.append(loss.item())
     return losses
   finally:
     Device.DEFAULT = previous
+
+
+def _conv_net():
+  """A small conv net with Adam."""
+  conv, fc = nn.Conv2d(1, 8, 3), nn.Linear(8 * 13 * 13, 10)
+  data = np.random.default_rng(1).standard_normal((16, 1, 28, 28)).astype(np.float32)
+  labels = np.random.default_rng(2).integers(0, 10, 16)
+  loss_of = lambda: fc(conv(Tensor(data)).relu().max_pool2d(2).flatten(1)).cross_entropy(Tensor(labels))
+  return Adam(get_parameters([conv, fc]), lr=1e-3), loss_of
 
 
 @pytest.fixture(params=[pytest.param("GPU", marks=needs_cuda),
@@ -417,11 +424,11 @@ def cuda(request, monkeypatch) -> str:
 
 
 def test_training_step_matches_cpu(cuda):
-  np.testing.assert_allclose(_train_steps(cuda), _train_steps("CPU"), rtol=1e-4)
+  np.testing.assert_allclose(_losses(cuda, _conv_net), _losses("CPU", _conv_net), rtol=1e-4)
 
 
-def _model_losses(device: str, name: str, steps: int = 3) -> list[float]:
-  """Losses of a small ResNet, GPT or ViT trained with AdamW on `device`, from the same seed and data."""
+def _model(name: str):
+  """A small ResNet, GPT or ViT with AdamW, on its own data."""
   from tinychad.models.gpt import GPT, GPTConfig
   from tinychad.models.resnet import BasicBlock, ResNet
   from tinychad.models.vit import ViT, ViTConfig
@@ -429,36 +436,24 @@ def _model_losses(device: str, name: str, steps: int = 3) -> list[float]:
   data = np.random.default_rng(1)
   images, classes = data.standard_normal((4, 3, 16, 16)).astype(np.float32), data.integers(0, 10, 4)
   tokens = data.integers(0, 64, (2, 33))
-  previous, Device.DEFAULT = Device.DEFAULT, device
-  Tensor.manual_seed(0)
-  try:
-    if name == "resnet":
-      model = ResNet(BasicBlock, [1, 1, 1, 1], num_classes=10, width=8, small_input=True)
-      loss_of = lambda: model(Tensor(images)).cross_entropy(Tensor(classes))
-    elif name == "gpt":
-      model = GPT(GPTConfig(block_size=32, vocab_size=64, n_layer=2, n_head=2, n_embd=32))
-      loss_of = lambda: model(Tensor(tokens[:, :-1]), Tensor(tokens[:, 1:]))[1]
-    else:
-      model = ViT(ViTConfig(img_size=16, patch_size=4, num_classes=10, embed_dim=32, depth=2, num_heads=2))
-      loss_of = lambda: model(Tensor(images)).cross_entropy(Tensor(classes))
-    model.train()
-    opt = AdamW(get_parameters(model), lr=1e-3)
-    losses = []
-    for _ in range(steps):
-      opt.zero_grad()
-      loss = loss_of()
-      loss.backward()
-      opt.step()
-      losses.append(loss.item())
-    return losses
-  finally:
-    Device.DEFAULT = previous
+  if name == "resnet":
+    model = ResNet(BasicBlock, [1, 1, 1, 1], num_classes=10, width=8, small_input=True)
+    loss_of = lambda: model(Tensor(images)).cross_entropy(Tensor(classes))
+  elif name == "gpt":
+    model = GPT(GPTConfig(block_size=32, vocab_size=64, n_layer=2, n_head=2, n_embd=32))
+    loss_of = lambda: model(Tensor(tokens[:, :-1]), Tensor(tokens[:, 1:]))[1]
+  else:
+    model = ViT(ViTConfig(img_size=16, patch_size=4, num_classes=10, embed_dim=32, depth=2, num_heads=2))
+    loss_of = lambda: model(Tensor(images)).cross_entropy(Tensor(classes))
+  model.train()
+  return AdamW(get_parameters(model), lr=1e-3), loss_of
 
 
 @pytest.mark.parametrize("name", ["resnet", "gpt", "vit"])
 def test_models_train_as_on_the_cpu(cuda, name):
   """BatchNorm, convolutions through work-group tiles, flash attention, LayerNorm, embeddings, AdamW."""
-  np.testing.assert_allclose(_model_losses(cuda, name), _model_losses("CPU", name), rtol=1e-4)
+  build = lambda: _model(name)
+  np.testing.assert_allclose(_losses(cuda, build), _losses("CPU", build), rtol=1e-4)
 
 
 def test_the_sample_computes_as_on_numpy(cuda):
