@@ -130,20 +130,27 @@ def host_unavailable() -> str | None:
   return None
 
 
-def install(monkeypatch):
-  """The host-run CUDA device as Device["CUDA"] for one test (monkeypatch undoes it); returns the device."""
+def install_fake(monkeypatch, lib):
+  """The CUDA device on the fake driver `lib` (a FakeLib, or the C one) as Device["CUDA"] for one test
+  (monkeypatch undoes it; NVRTC compiles for real); returns the device."""
   from tinychad.device import Device
   from tinychad.runtime import cuda_driver
   from tinychad.runtime.ops_cuda import CUDADevice
-  lib, fake = fake_driver()
-  fake.fake_set(ctypes.c_size_t(1 << 34), 0)
-  # the default device is picked before CUDA looks available, so that a first pick isn't CUDA
+  # the default device is picked before the fake driver is in, so that a first pick under it isn't kept after
   monkeypatch.setattr(Device, "_default", Device.DEFAULT)
   device = CUDADevice("CUDA", cuda_driver.Driver(lib))
+  monkeypatch.setattr(cuda_driver, "unavailable_reason", lambda names=None: None)
+  monkeypatch.setitem(Device._devices, "CUDA", device)
+  return device
+
+
+def install(monkeypatch):
+  """The host-run CUDA device as Device["CUDA"] for one test (monkeypatch undoes it); returns the device."""
+  lib, fake = fake_driver()
+  fake.fake_set(ctypes.c_size_t(1 << 34), 0)
+  device = install_fake(monkeypatch, lib)
   identity = device.identity
   # its own kernel records and cache entries: a host object where the fake-driver tests keep cubins
   monkeypatch.setattr(device, "identity", lambda source="", contract=False: identity(source, contract) + " host-run")
   monkeypatch.setattr(device, "compile", lambda source, name, contract=False: compile_host(source))
-  monkeypatch.setattr(cuda_driver, "unavailable_reason", lambda names=None: None)
-  monkeypatch.setitem(Device._devices, "CUDA", device)
   return device

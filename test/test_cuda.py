@@ -30,7 +30,7 @@ from tinychad.nn.state import get_parameters
 from tinychad.runtime import cuda_driver
 from tinychad.runtime.cuda_driver import CUDAError, CUDAOutOfMemory, CUDAUnavailable, Driver, too_old
 from tinychad.runtime.nvrtc import load_nvrtc
-from cuda_host import build_fake_driver, host_unavailable, install
+from cuda_host import build_fake_driver, host_unavailable, install, install_fake
 
 has_cuda = Device.available("CUDA")
 needs_cuda = pytest.mark.skipif(not has_cuda, reason=f"no CUDA GPU: {cuda_driver.unavailable_reason()}")
@@ -113,18 +113,8 @@ class FakeLib:
 
 @pytest.fixture
 def fake_cuda(monkeypatch):
-  """The CUDA device on a fake driver (a FakeLib, or the C one), installed as Device["CUDA"] for the test (NVRTC
-  compiles for real)."""
-  from tinychad.runtime.ops_cuda import CUDADevice
-
-  def install(lib):
-    # the default device is picked before the fake driver is in, so that a first pick under it isn't kept after
-    monkeypatch.setattr(Device, "_default", Device.DEFAULT)
-    device = CUDADevice("CUDA", Driver(lib))
-    monkeypatch.setattr(cuda_driver, "unavailable_reason", lambda names=None: None)
-    monkeypatch.setitem(Device._devices, "CUDA", device)
-    return device
-  return install
+  """Installs the CUDA device on a fake driver (a FakeLib, or the C one) for the test: fake_cuda(lib) -> device."""
+  return lambda lib: install_fake(monkeypatch, lib)
 
 
 # ---- everywhere: the error paths ----
